@@ -1,0 +1,3 @@
+from deltacheck.harness.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,116 @@
+"""The Backend protocol, Verdicts, and the registry.
+
+A backend is anything with ``name``, ``ops``, ``check(case, env) -> Verdict`` and
+``run(case, inputs) -> (out, final_state)``. The adapter owns every conversion (layouts, state
+orientation, dtypes); the harness owns every comparison. ``final_state`` is always float32 key-major
+``[N, HO, K, V]``; ``out`` is in the case's own layout, in whatever dtype the kernel produced.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a backend can serve a case, and why not.
+
+    ``backward`` says whether the backward pass can run too (only consulted for backward cases);
+    ``notes`` records what the adapter changed on the way in (e.g. "beta cast fp32 -> bf16, as the op
+    demands"), so a report never hides a conversion.
+    """
+
+    runnable: bool
+    reason: str = ""
+    backward: bool = True
+    backward_reason: str = ""
+    notes: tuple[str, ...] = ()
+
+    @classmethod
+    def ok(cls, *notes: str, backward: bool = True, backward_reason: str = "") -> "Verdict":
+        return cls(True, "", backward, backward_reason, tuple(notes))
+
+    @classmethod
+    def no(cls, reason: str) -> "Verdict":
+        if not reason:
+            raise ValueError("Verdict.no needs a reason: a decline without one is a silent skip")
+        return cls(False, reason, False, reason)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+    ops: frozenset[str]
+
+    def check(self, case: Any, env: Any) -> Verdict: ...
+
+    def run(self, case: Any, inputs: dict) -> tuple[Any, Any]: ...
+
+
+_REGISTRY: dict[str, Callable[[], Backend]] = {}
+
+
+def register(name: str) -> Callable:
+    """Decorator: ``@register("fla")`` on a zero-argument factory (or class)."""
+
+    def deco(factory):
+        _REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+@dataclass
+class BackendLoadError(Exception):
+    spec: str
+    reason: str
+    hints: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return f"backend {self.spec!r}: {self.reason}"
+
+
+def registered() -> list[str]:
+    _import_builtin()
+    return sorted(_REGISTRY)
+
+
+def get_backend(spec: str) -> Backend:
+    """A registered name (``fla``, ``cudnn``, ``oracle``…) or a third-party ``pkg.mod:attr``.
+
+    ``attr`` may be a Backend instance, a class, or a zero-argument factory. Importing the adapter
+    modules must never import the fused libraries themselves: that happens in ``check``.
+    """
+    _import_builtin()
+    if ":" in spec:
+        mod_name, _, attr = spec.partition(":")
+        try:
+            mod = importlib.import_module(mod_name)
+        except Exception as exc:  # noqa: BLE001 - any import failure is reported, not raised raw
+            raise BackendLoadError(spec, f"cannot import module {mod_name!r}: {type(exc).__name__}: {exc}") from exc
+        try:
+            obj = getattr(mod, attr)
+        except AttributeError as exc:
+            raise BackendLoadError(spec, f"module {mod_name!r} has no attribute {attr!r}") from exc
+        backend = obj() if callable(obj) and not isinstance(obj, Backend) else obj
+    elif spec in _REGISTRY:
+        backend = _REGISTRY[spec]()
+    else:
+        raise BackendLoadError(spec, f"unknown backend; registered: {', '.join(sorted(_REGISTRY))}, or pkg.mod:attr")
+    if not isinstance(backend, Backend):
+        raise BackendLoadError(spec, "object lacks the Backend protocol (name, ops, check, run)")
+    return backend
+
+
+def _import_builtin() -> None:
+    # The built-in adapters register themselves on import; none imports a fused library at module level.
+    from . import reference  # noqa: F401
+
+    for optional in ("cudnn", "fla"):
+        try:
+            importlib.import_module(f"{__package__}.{optional}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__package__}.{optional}":
+                raise

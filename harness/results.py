@@ -1,0 +1,92 @@
+"""Result records and the JSONL stream they are written to as soon as they exist.
+
+One run directory holds ``results.jsonl``: a ``run`` header (environment, versions, commit), then one
+``gate`` record per backend × op (available or not, required or not, the reason), then one ``result``
+record per (case, backend, check), then an ``end`` record. Reports are rendered from these records only.
+A crash loses nothing already written: each record is flushed and fsync'd.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
+
+SCHEMA = 1
+STATUSES = ("pass", "fail", "skip", "error")
+
+
+@dataclass
+class Result:
+    case: str
+    backend: str
+    check: str  # forward | state | continuation_ref | continuation_self | grad_<input> | determinism | unwritten_output | input_bounds
+    status: str  # pass | fail | skip | error
+    reason: str = ""
+    op: str = ""
+    io_dtype: str = ""
+    layout: str = ""
+    gate: str = ""
+    tokens: int = 0
+    max_len: int = 0
+    tier: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    repro: str = ""
+    seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status: expected one of {STATUSES}, got {self.status!r}")
+        if self.status in ("skip", "error", "fail") and not self.reason:
+            raise ValueError(f"a {self.status} result needs a reason ({self.case} / {self.backend} / {self.check})")
+
+    def to_record(self) -> dict:
+        return {"kind": "result", **asdict(self)}
+
+
+class ResultStream:
+    """Append-only JSONL writer; every record reaches the disk before ``write`` returns."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = os.fspath(path)
+        self._fh = open(self.path, "a", encoding="utf-8")
+
+    def write(self, record: dict | Result) -> None:
+        if isinstance(record, Result):
+            record = record.to_record()
+        self._fh.write(json.dumps(record, sort_keys=True, default=_jsonable) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> "ResultStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    return str(x)
+
+
+def read_records(path: str | os.PathLike) -> Iterator[tuple[int, dict | None, str]]:
+    """Yield ``(line_number, record or None, error)``; a corrupt line yields ``None`` and why."""
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield lineno, None, f"not valid JSON ({exc.msg} at column {exc.colno})"
+                continue
+            if not isinstance(rec, dict) or "kind" not in rec:
+                yield lineno, None, "not a deltacheck record (no 'kind')"
+                continue
+            yield lineno, rec, ""

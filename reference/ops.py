@@ -1,0 +1,352 @@
+"""Public reference ops mirroring ``cudnn.linear_attention``: ``gdn``, ``kda``, ``gdn2``.
+
+Call them exactly where you call the kernel. Defaults follow cuDNN: packed THD tensors with
+``cu_seqlens``, states ``[N, HO, V, K]``, output at ``HO = max(H, HV)`` heads. Our own keyword extras:
+``layout``, ``state_layout``, ``method`` ("oracle" or "chunked"), ``compute_dtype``, ``chunk_size``.
+
+Unlike the kernels, outputs come back in ``compute_dtype`` (fp64 by default): the reference's job is to
+be the gold standard, and rounding it to the io dtype would throw that away.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from . import layouts
+from .layouts import ReferenceInputError
+from .oracle import token_oracle
+
+# cuDNN FE 1.32 frost/tile_dsl/pointwise.py: x * rsqrt(sum(x^2) + 1e-6).
+L2NORM_EPS = 1e-6
+# cuDNN FE 1.32 frost/common/gdn2_operands.py: linear gates enter as log(alpha + 1e-10) (additive,
+# not a clamp as semantics.md says).
+LINEAR_GATE_EPS = 1e-10
+DEFAULT_GATE_LOWER_BOUND = -5.0
+METHODS = ("oracle", "chunked")
+
+
+@dataclass(frozen=True)
+class _OpSpec:
+    name: str
+    g_feat: str  # "" (one per head) or "K" (per key channel)
+    beta_feat: str  # "" or "K"
+    has_w: bool
+    dt_bias_feat: str  # safe-gate dt_bias shape beyond [HO]
+
+
+_SPECS = {
+    "gdn": _OpSpec("gdn", g_feat="", beta_feat="", has_w=False, dt_bias_feat=""),
+    "kda": _OpSpec("kda", g_feat="K", beta_feat="", has_w=False, dt_bias_feat="K"),
+    "gdn2": _OpSpec("gdn2", g_feat="K", beta_feat="K", has_w=True, dt_bias_feat="K"),
+}
+
+
+def _is_float(x: torch.Tensor) -> bool:
+    return x.is_floating_point()
+
+
+def _check_tensor(name: str, x, *, ndim: int | None = None) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise ReferenceInputError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if not _is_float(x):
+        raise ReferenceInputError(f"{name}: expected a floating-point tensor, got {x.dtype}")
+    if ndim is not None and x.dim() != ndim:
+        raise ReferenceInputError(f"{name}: expected {ndim} dims, got shape {tuple(x.shape)}")
+
+
+def head_index(n_out: int, n_in: int, device=None) -> torch.Tensor:
+    """Which input head each of ``n_out`` output heads reads: ``h // (n_out // n_in)``.
+
+    This is cuDNN's grouping (FE 1.32 frost/kernel/gdn_prefill_f16.py computes the q/k/v head of output
+    head h as ``h // (HO // H)``): consecutive output heads share an input head, as with
+    ``repeat_interleave`` — not ``h % n_in`` (tiling).
+    """
+    return torch.arange(n_out, device=device) // (n_out // n_in)
+
+
+def _expand_heads(x: torch.Tensor, n_out: int) -> torch.Tensor:
+    n_in = x.shape[1]
+    return x if n_in == n_out else x.index_select(1, head_index(n_out, n_in, x.device))
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def _check_flags(spec, *, use_beta_sigmoid_in_kernel, allow_neg_eigval, gate_domain, safe_gate, a_log, dt_bias):
+    if gate_domain not in ("log", "linear"):
+        raise ReferenceInputError(f"gate_domain: expected 'log' or 'linear', got {gate_domain!r}")
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ReferenceInputError(
+            "allow_neg_eigval: needs use_beta_sigmoid_in_kernel=True (beta_eff = 2*sigmoid(beta))"
+        )
+    if gate_domain == "linear" and safe_gate:
+        raise ReferenceInputError(
+            "gate_domain='linear' cannot combine with safe_gate=True (safe gate computes a log-space decay)"
+        )
+    for name, val in (("a_log", a_log), ("dt_bias", dt_bias)):
+        if val is not None and not safe_gate:
+            raise ReferenceInputError(f"{name}: only used with safe_gate=True; pass safe_gate=True or drop {name}")
+
+
+def _effective_log_gate(spec, g, *, gate_domain, safe_gate, a_log, dt_bias, gate_lower_bound, HO, K):
+    """The log-space decay the recurrence uses, at ``[T, HO]`` (gdn) or ``[T, HO, K]``."""
+    if safe_gate:
+        a = torch.exp(a_log) if a_log is not None else None
+        if spec.name == "gdn":
+            x = g + dt_bias if dt_bias is not None else g
+            sp = F.softplus(x)
+            return -(a * sp) if a is not None else -sp
+        x = g + dt_bias if dt_bias is not None else g
+        if a is not None:
+            x = a.unsqueeze(-1) * x
+        return gate_lower_bound * torch.sigmoid(x)
+    if gate_domain == "linear":
+        return torch.log(g + LINEAR_GATE_EPS)
+    return g
+
+
+def _run(
+    spec: _OpSpec,
+    q, k, v, g, beta, w, cu_seqlens, *,
+    scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
+    allow_neg_eigval, gate_domain, safe_gate, gate_lower_bound, a_log, dt_bias,
+    layout, state_layout, method, compute_dtype, chunk_size,
+):
+    layouts.check_layout(layout)
+    layouts.check_state_layout(state_layout)
+    if method not in METHODS:
+        raise ReferenceInputError(f"method: expected one of {METHODS}, got {method!r}")
+    if not (isinstance(compute_dtype, torch.dtype) and compute_dtype.is_floating_point):
+        raise ReferenceInputError(f"compute_dtype: expected a floating torch.dtype, got {compute_dtype!r}")
+    _check_flags(
+        spec, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+        gate_domain=gate_domain, safe_gate=safe_gate, a_log=a_log, dt_bias=dt_bias,
+    )
+
+    # --- layout -> thd -------------------------------------------------------------------------
+    tokenwise = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
+    if spec.has_w:
+        tokenwise["w"] = w
+    feat_ndim = {"q": 1, "k": 1, "v": 1, "g": len(spec.g_feat), "beta": len(spec.beta_feat), "w": 1}
+    for name, x in tokenwise.items():
+        _check_tensor(name, x)
+        want = (3 if layout != "thd" else 2) + feat_ndim[name]
+        if x.dim() != want:
+            raise ReferenceInputError(
+                f"{name}: expected {want} dims for {spec.name} in layout {layout!r}, got shape {tuple(x.shape)}"
+            )
+    if layout == "thd":
+        n_dense = None
+    else:
+        if cu_seqlens is not None:
+            raise ReferenceInputError(f"cu_seqlens: must be None for the dense layout {layout!r}")
+        n_dense, length = layouts.dense_shape(q, layout, "q")
+        for name, x in tokenwise.items():
+            if layouts.dense_shape(x, layout, name) != (n_dense, length):
+                raise ReferenceInputError(
+                    f"{name}: batch/sequence dims {layouts.dense_shape(x, layout, name)} do not match q's "
+                    f"{(n_dense, length)} in layout {layout!r}"
+                )
+        tokenwise = {name: layouts.to_thd(x, layout) for name, x in tokenwise.items()}
+    q, k, v, g, beta = (tokenwise[n] for n in ("q", "k", "v", "g", "beta"))
+    w = tokenwise.get("w")
+
+    # --- shapes ----------------------------------------------------------------------------------
+    T, H, K = q.shape
+    if k.shape[0] != T or v.shape[0] != T:
+        raise ReferenceInputError(f"k, v: token counts {k.shape[0]}, {v.shape[0]} do not match q's {T}")
+    HK, HV, V = k.shape[1], v.shape[1], v.shape[2]
+    if k.shape[2] != K:
+        raise ReferenceInputError(f"k: head dim {k.shape[2]} does not match q's K={K}")
+    if min(H, HK, HV, K, V) < 1:
+        raise ReferenceInputError(f"q/k/v: head counts and dims must be >= 1, got H={H} HK={HK} HV={HV} K={K} V={V}")
+    HO = max(H, HV)
+    if HO % min(H, HV):
+        raise ReferenceInputError(
+            f"heads: the larger of H={H} (q) and HV={HV} (v) must be a multiple of the smaller"
+        )
+    if HK not in (H, HV):
+        raise ReferenceInputError(f"k: head count HK={HK} must equal H={H} (q) or HV={HV} (v)")
+    dims = {"": (), "K": (K,)}
+    expect = {
+        "g": ((T, HO, *dims[spec.g_feat]), "[T, HO" + (", K]" if spec.g_feat else "]")),
+        "beta": ((T, HO, *dims[spec.beta_feat]), "[T, HO" + (", K]" if spec.beta_feat else "]")),
+    }
+    if spec.has_w:
+        expect["w"] = ((T, HO, V), "[T, HO, V]")
+    for name, (shape, symbolic) in expect.items():
+        x = {"g": g, "beta": beta, "w": w}[name]
+        if tuple(x.shape) != shape:
+            raise ReferenceInputError(
+                f"{name}: expected shape {symbolic}={list(shape)} (thd) for {spec.name}, got {list(x.shape)}"
+            )
+    if safe_gate:
+        if a_log is not None:
+            _check_tensor("a_log", a_log)
+            if tuple(a_log.shape) != (HO,):
+                raise ReferenceInputError(f"a_log: expected shape [HO]=[{HO}], got {list(a_log.shape)}")
+        if dt_bias is not None:
+            _check_tensor("dt_bias", dt_bias)
+            want = (HO, *dims[spec.dt_bias_feat])
+            if tuple(dt_bias.shape) != want:
+                raise ReferenceInputError(f"dt_bias: expected shape {list(want)} for {spec.name}, got {list(dt_bias.shape)}")
+
+    if layout == "thd":
+        if cu_seqlens is None:
+            offsets = [0, T]
+        else:
+            offsets = layouts.check_cu_seqlens(cu_seqlens, T)
+    else:
+        offsets = [i * length for i in range(n_dense + 1)]
+    N = len(offsets) - 1
+
+    if initial_state is not None:
+        _check_tensor("initial_state", initial_state)
+        want = (N, HO, V, K) if state_layout == "vk" else (N, HO, K, V)
+        if tuple(initial_state.shape) != want:
+            raise ReferenceInputError(
+                f"initial_state: expected shape {list(want)} ([N, HO, {'V, K' if state_layout == 'vk' else 'K, V'}],"
+                f" state_layout={state_layout!r}), got {list(initial_state.shape)}"
+            )
+    if scale is None:
+        scale = 1.0 / math.sqrt(K)
+
+    # --- flags, in the compute dtype ---------------------------------------------------------------
+    cd = compute_dtype
+    q, k, v, g, beta = (x.to(cd) for x in (q, k, v, g, beta))
+    w = w.to(cd) if w is not None else None
+    a_log = a_log.to(cd) if a_log is not None else None
+    dt_bias = dt_bias.to(cd) if dt_bias is not None else None
+    if use_qk_l2norm_in_kernel:
+        q, k = _l2norm(q), _l2norm(k)
+    if use_beta_sigmoid_in_kernel:
+        beta = torch.sigmoid(beta) * (2.0 if allow_neg_eigval else 1.0)
+    g = _effective_log_gate(
+        spec, g, gate_domain=gate_domain, safe_gate=safe_gate, a_log=a_log, dt_bias=dt_bias,
+        gate_lower_bound=gate_lower_bound, HO=HO, K=K,
+    )
+    q, k, v = _expand_heads(q, HO), _expand_heads(k, HO), _expand_heads(v, HO)
+    # Reduce every op to the GDN2 core: scalar gates stay broadcastable singletons.
+    g = g if spec.g_feat else g.unsqueeze(-1)
+    b = beta if spec.beta_feat else beta.unsqueeze(-1)
+    wv = w if spec.has_w else beta.unsqueeze(-1)
+
+    if initial_state is None:
+        h0 = q.new_zeros(N, HO, K, V)
+    else:
+        h0 = layouts.state_convert(initial_state.to(cd), state_layout, "kv")
+
+    out, final = _run_core(
+        (q, k, v, g, b, wv), offsets, h0, scale, method=method, chunk_size=chunk_size, dense=n_dense is not None
+    )
+    if n_dense is not None:
+        out = layouts.from_thd(out, layout, n_dense)
+    if not output_final_state:
+        return out, None
+    return out, layouts.state_convert(final, "kv", state_layout)
+
+
+def _run_core(tensors, offsets, h0, scale, *, method, chunk_size, dense):
+    """Split packed tensors into a padded batch, run the core, pack the output back."""
+    N = len(offsets) - 1
+    lengths = [b - a for a, b in zip(offsets[:-1], offsets[1:])]
+    L = max(lengths) if lengths else 0
+    T = tensors[0].shape[0]
+    if L == 0:
+        v = tensors[2]
+        return v.new_zeros(T, v.shape[1], v.shape[2]), h0
+    if dense:
+        batched = [x.reshape(N, L, *x.shape[1:]) for x in tensors]
+    else:
+        # Gather each sequence into a padded row; padded steps get zero k, v, q and gates, and a zero
+        # log-decay, so they leave the state untouched.
+        device = tensors[0].device
+        pos = torch.arange(L, device=device)
+        starts = torch.tensor(offsets[:-1], device=device)
+        lens = torch.tensor(lengths, device=device)
+        valid = pos.unsqueeze(0) < lens.unsqueeze(1)  # [N, L]
+        idx = torch.where(valid, starts.unsqueeze(1) + pos.unsqueeze(0), torch.zeros_like(pos))
+        batched = []
+        for x in tensors:
+            y = x.index_select(0, idx.reshape(-1)).reshape(N, L, *x.shape[1:])
+            batched.append(y * valid.reshape(N, L, *([1] * (x.dim() - 1))).to(y.dtype))
+    if method == "oracle":
+        out, final = token_oracle(*batched, h0, scale)
+    else:
+        from .chunked import chunked_gdn2
+
+        out, final = chunked_gdn2(*batched, h0, scale, chunk_size=chunk_size)
+    out = out.reshape(N * L, *out.shape[2:])
+    if not dense:
+        keep = valid.reshape(-1).nonzero().squeeze(-1)
+        out = out.index_select(0, keep)
+    return out, final
+
+
+def gdn(
+    q, k, v, g, beta, cu_seqlens=None, *, scale=None, initial_state=None, output_final_state=False,
+    use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+    gate_domain="log", safe_gate=False, a_log=None, dt_bias=None,
+    layout="thd", state_layout="vk", method="oracle", compute_dtype=torch.float64, chunk_size=64,
+):
+    """Gated DeltaNet: scalar decay ``g [T, HO]`` and scalar ``beta [T, HO]`` per token and head.
+
+    ``S <- exp(g_t) S;  S <- S + beta_t k_t (v_t - S^T k_t)^T;  o_t = scale * S^T q_t``.
+    Returns ``(out, final_state)``; ``final_state`` is None unless ``output_final_state``.
+    Safe gate: ``g_eff = -exp(a_log) * softplus(g + dt_bias)`` with ``a_log, dt_bias [HO]``.
+    """
+    return _run(
+        _SPECS["gdn"], q, k, v, g, beta, None, cu_seqlens, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+        gate_domain=gate_domain, safe_gate=safe_gate, gate_lower_bound=None, a_log=a_log, dt_bias=dt_bias,
+        layout=layout, state_layout=state_layout, method=method, compute_dtype=compute_dtype,
+        chunk_size=chunk_size,
+    )
+
+
+def kda(
+    q, k, v, g, beta, cu_seqlens=None, *, scale=None, initial_state=None, output_final_state=False,
+    use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+    gate_domain="log", safe_gate=False, gate_lower_bound=DEFAULT_GATE_LOWER_BOUND, a_log=None, dt_bias=None,
+    layout="thd", state_layout="vk", method="oracle", compute_dtype=torch.float64, chunk_size=64,
+):
+    """Kimi Delta Attention: per-channel decay ``g [T, HO, K]``, scalar ``beta [T, HO]``.
+
+    ``S <- Diag(exp g_t) S;  S <- S + beta_t k_t (v_t - S^T k_t)^T;  o_t = scale * S^T q_t``.
+    Safe gate: ``g_eff = gate_lower_bound * sigmoid(exp(a_log) * (g + dt_bias))``, ``dt_bias [HO, K]``.
+    """
+    return _run(
+        _SPECS["kda"], q, k, v, g, beta, None, cu_seqlens, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+        gate_domain=gate_domain, safe_gate=safe_gate, gate_lower_bound=gate_lower_bound, a_log=a_log,
+        dt_bias=dt_bias, layout=layout, state_layout=state_layout, method=method, compute_dtype=compute_dtype,
+        chunk_size=chunk_size,
+    )
+
+
+def gdn2(
+    q, k, v, g, beta, w, cu_seqlens=None, *, scale=None, initial_state=None, output_final_state=False,
+    use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+    gate_domain="log", safe_gate=False, gate_lower_bound=DEFAULT_GATE_LOWER_BOUND, a_log=None, dt_bias=None,
+    layout="thd", state_layout="vk", method="oracle", compute_dtype=torch.float64, chunk_size=64,
+):
+    """Gated DeltaNet 2: channel-wise decay ``g [T, HO, K]``, erase gate ``beta [T, HO, K]`` and write
+    gate ``w [T, HO, V]``.
+
+    ``S <- Diag(exp g_t) S;  S <- S + k_t (w_t*v_t - S^T (beta_t*k_t))^T;  o_t = scale * S^T q_t``.
+    """
+    return _run(
+        _SPECS["gdn2"], q, k, v, g, beta, w, cu_seqlens, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+        gate_domain=gate_domain, safe_gate=safe_gate, gate_lower_bound=gate_lower_bound, a_log=a_log,
+        dt_bias=dt_bias, layout=layout, state_layout=state_layout, method=method, compute_dtype=compute_dtype,
+        chunk_size=chunk_size,
+    )
