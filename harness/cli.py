@@ -11,6 +11,10 @@ from deltacheck import __version__
 
 # Modules exposing ``add_cli(subparsers)``; each parser sets ``func(args) -> int`` (the exit status).
 COMMAND_MODULES = [
+    "deltacheck.reports.cli",
+    "deltacheck.harness.gate",
+    "deltacheck.cases.cli",
+    "deltacheck.harness.orchestrate",
 ]
 
 

@@ -94,7 +94,8 @@ def get_backend(spec: str) -> Backend:
             obj = getattr(mod, attr)
         except AttributeError as exc:
             raise BackendLoadError(spec, f"module {mod_name!r} has no attribute {attr!r}") from exc
-        backend = obj() if callable(obj) and not isinstance(obj, Backend) else obj
+        # A class (which itself looks like the protocol) or a factory gets called; an instance is used as is.
+        backend = obj() if isinstance(obj, type) or (callable(obj) and not isinstance(obj, Backend)) else obj
     elif spec in _REGISTRY:
         backend = _REGISTRY[spec]()
     else:

@@ -1,0 +1,433 @@
+"""The generated case matrix: main axes, a covering-array generator, the tiers, selection, coverage.
+
+Main axes are the coarse, named values a Case projects onto (`axis_values`); the generator covers
+combinations of those values and then makes each row concrete (head counts, lengths, split points,
+scale) with a tier-seeded `random.Random`, so the matrix is the same in every process.
+
+Tiers:
+    L0  CI smoke: every pair of main-axis values (and every op x io x state x layout triple) at least
+        once; <= 4 heads, dims 64/128, <= 600 tokens per case, so the CPU fp64 reference is quick.
+    L1  three independent covering arrays that each cover every pair of main-axis values and every
+        triple of the core axes, with heads up to 16, 256-dim GDN and lengths up to 8k.
+    L2  stress: long sequences (to 64k), many ragged sequences, steep/extreme gates, covered pairwise.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import random
+from collections import Counter
+
+from .kexpr import compile_k
+from .spec import (BETA_PROFILES, GATE_PROFILES, IO_DTYPES, LAYOUTS, STATE_DTYPES, TIERS, Case,
+                   CaseError)
+from .support import HEAD_CONFIGS, OP_SUPPORT
+
+# ---------------------------------------------------------------------------------------- axes
+
+GATE_MODES = ("log", "linear", "safe", "safe_alog", "safe_dtbias", "safe_alog_dtbias")
+BETA_MODES = ("plain", "sigmoid", "negeig")
+LENGTH_KINDS = ("one", "batch", "ragged")  # N == 1 / N > 1 all equal / unequal (thd only)
+ON_OFF = ("off", "on")
+
+
+def _all_dims() -> tuple[str, ...]:
+    dims = []
+    for support in OP_SUPPORT.values():
+        square = sorted(set(support.key_dims) & set(support.value_dims))
+        for k in square:
+            dims.append(f"{k}x{k}")
+        # "mixed" as the generator means it: the 64/128 pair, both ways.
+        if {64, 128} <= set(support.key_dims) and {64, 128} <= set(support.value_dims):
+            dims += ["64x128", "128x64"]
+    return tuple(dict.fromkeys(sorted(dims, key=lambda d: tuple(map(int, d.split("x"))))))
+
+
+MAIN_AXES: dict[str, tuple[str, ...]] = {
+    "op": tuple(OP_SUPPORT),
+    "io_dtype": IO_DTYPES,
+    "state_dtype": STATE_DTYPES,
+    "layout": LAYOUTS,
+    "lengths": LENGTH_KINDS,
+    "heads": HEAD_CONFIGS,
+    "dims": _all_dims(),
+    "gate": GATE_PROFILES,
+    "gate_mode": GATE_MODES,
+    "beta_mode": BETA_MODES,
+    "beta": BETA_PROFILES,
+    "l2norm": ON_OFF,
+    "scale": ("default", "custom"),
+    "h0": ON_OFF,
+    "cont": ON_OFF,
+    "bwd": ON_OFF,
+}
+
+
+def axis_values(case: Case) -> dict[str, str]:
+    """Project a Case onto the main axes."""
+    if case.safe_gate:
+        gate_mode = "safe" + ("_alog" if case.a_log else "") + ("_dtbias" if case.dt_bias else "")
+    else:
+        gate_mode = case.gate_domain
+    if case.N == 1:
+        lengths = "one"
+    elif len(set(case.seqlens)) == 1:
+        lengths = "batch"
+    else:
+        lengths = "ragged"
+    return {
+        "op": case.op,
+        "io_dtype": case.io_dtype,
+        "state_dtype": case.state_dtype,
+        "layout": case.layout,
+        "lengths": lengths,
+        "heads": case.head_config,
+        "dims": f"{case.K}x{case.V}",
+        "gate": case.gate,
+        "gate_mode": gate_mode,
+        "beta_mode": "negeig" if case.neg_eigval else ("sigmoid" if case.beta_sigmoid else "plain"),
+        "beta": case.beta_profile,
+        "l2norm": ON_OFF[case.l2norm],
+        "scale": "default" if case.scale is None else "custom",
+        "h0": ON_OFF[case.initial_state],
+        "cont": ON_OFF[bool(case.splits)],
+        "bwd": ON_OFF[case.backward],
+    }
+
+
+def compatible(assignment: dict[str, str]) -> bool:
+    """Whether a (partial) assignment of main-axis values can belong to a valid Case.
+
+    Every rule here is binary (touches two axes), so checking pairs is enough for any partial row to be
+    completable. The per-op rules come from OP_SUPPORT, not from op names.
+    """
+    op, dims = assignment.get("op"), assignment.get("dims")
+    if op is not None and dims is not None:
+        k, v = map(int, dims.split("x"))
+        if not OP_SUPPORT[op].supports_dims(k, v):
+            return False
+    if assignment.get("beta") == "near2" and assignment.get("beta_mode") not in (None, "negeig"):
+        return False
+    if assignment.get("lengths") == "ragged" and assignment.get("layout") not in (None, "thd"):
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------- covering arrays
+
+def _interactions(axes: dict[str, tuple[str, ...]], groups: list[tuple[str, ...]], strength: int):
+    """All compatible value combinations of `strength` axes drawn from each group, in a fixed order."""
+    found = []
+    for group in groups:
+        for names in itertools.combinations(group, strength):
+            for values in itertools.product(*(axes[n] for n in names)):
+                if compatible(dict(zip(names, values))):
+                    found.append(tuple(zip(names, values)))
+    return list(dict.fromkeys(found))
+
+
+def covering_rows(axes: dict[str, tuple[str, ...]], rng: random.Random,
+                  triple_groups: tuple[tuple[str, ...], ...] = (), candidates: int = 16) -> list[dict]:
+    """Greedy covering array: rows that together contain every compatible pair of axis values (and
+    every compatible triple within each of `triple_groups`).
+
+    Each new row starts from the first still-uncovered interaction (so every row makes progress and
+    the loop ends), then fills the other axes one by one with the value that covers the most new
+    pairs; the best of `candidates` such rows is kept.
+    """
+    names = list(axes)
+    index = {name: i for i, name in enumerate(names)}
+    targets = _interactions(axes, [tuple(names)], 2)
+    targets += _interactions(axes, [tuple(n for n in names if n in g) for g in triple_groups], 3)
+    uncovered = set(targets)
+    rows: list[dict] = []
+    cursor = 0
+
+    def new_interactions(row: dict) -> set:
+        items = sorted(row.items(), key=lambda kv: index[kv[0]])
+        hits = {pair for pair in itertools.combinations(items, 2) if pair in uncovered}
+        if triple_groups:
+            hits |= {t for t in itertools.combinations(items, 3) if t in uncovered}
+        return hits
+
+    while uncovered:
+        while targets[cursor] not in uncovered:
+            cursor += 1
+        seed = dict(targets[cursor])
+        best_row, best_hits = None, None
+        for _ in range(candidates):
+            row = dict(seed)
+            order = [n for n in names if n not in row]
+            rng.shuffle(order)
+            for name in order:
+                scored = []
+                for value in axes[name]:
+                    trial = {**row, name: value}
+                    if not compatible(trial):
+                        continue
+                    score = 0
+                    for other, other_value in row.items():
+                        a, b = (other, other_value), (name, value)
+                        pair = (a, b) if index[other] < index[name] else (b, a)
+                        score += pair in uncovered
+                    scored.append((score, value))
+                top = max(score for score, _ in scored)
+                row[name] = rng.choice([value for score, value in scored if score == top])
+            hits = new_interactions(row)
+            if best_hits is None or len(hits) > len(best_hits):
+                best_row, best_hits = row, hits
+        rows.append(best_row)
+        uncovered -= best_hits
+    return rows
+
+
+# ------------------------------------------------------------------- rows -> concrete Cases
+
+# Head counts (H, HK, HV) per configuration, per tier.
+_HEADS = {
+    "L0": {"mha": [(2, 2, 2), (4, 4, 4)], "gqa": [(4, 2, 2), (4, 1, 1)], "gva": [(2, 2, 4), (1, 1, 4)]},
+    "L1": {"mha": [(4, 4, 4), (8, 8, 8), (16, 16, 16)], "gqa": [(8, 2, 2), (16, 4, 4), (6, 3, 3)],
+           "gva": [(2, 2, 8), (4, 4, 16), (3, 3, 6)]},
+    "L2": {"mha": [(16, 16, 16), (32, 32, 32)], "gqa": [(32, 8, 8)], "gva": [(8, 8, 32), (16, 16, 64)]},
+}
+
+# L0 lengths sit on the 64-token chunk boundary; ragged ones always hold a 0 and a 1.
+_L0_ONE = (1, 63, 64, 65, 128, 200)
+_L0_BATCH = ((2, 63), (2, 64), (3, 65), (4, 31), (2, 129))
+_L0_RAGGED = ((0, 1, 63, 65), (1, 64, 0, 130), (65, 0, 1, 200, 3), (0, 1, 127), (63, 1, 0, 64, 65, 2))
+
+_L1_ONE = (1, 2, 63, 64, 65, 127, 129, 1000, 2048, 4095, 8192)
+_L1_BATCH = ((2, 64), (2, 255), (4, 1024), (3, 2049), (8, 127), (2, 8192))
+
+_L2_ONE = (16384, 32768, 65536, 65535)
+_L2_BATCH = ((4, 16384), (8, 8192), (2, 65536), (64, 1024))
+
+_CUSTOM_SCALES = (0.5, 1.0, 0.0625)
+
+
+def _ragged_lengths(tier: str, rng: random.Random) -> tuple[int, ...]:
+    if tier == "L0":
+        return rng.choice(_L0_RAGGED)
+    if tier == "L1":
+        n = rng.randint(3, 16)
+        cap = rng.choice((256, 1024, 8192))
+        lengths = [rng.choice((0, 1, 63, 64, 65)) if rng.random() < 0.3 else rng.randint(2, cap)
+                   for _ in range(n)]
+        lengths[rng.randrange(n)] = rng.choice((0, 1))  # every ragged batch has an edge sequence
+    else:
+        if rng.random() < 0.5:  # one long sequence among many short ones
+            lengths = [rng.randint(0, 300) for _ in range(rng.randint(32, 128))]
+            lengths[rng.randrange(len(lengths))] = 65536
+        else:  # many mid-sized sequences
+            lengths = [rng.choice((0, 1)) if rng.random() < 0.1 else rng.randint(2, 8192)
+                       for _ in range(rng.randint(16, 64))]
+    budget = 16384 if tier == "L1" else 131072  # tokens per case
+    while sum(lengths) > budget:
+        lengths[lengths.index(max(lengths))] //= 2
+    if len(set(lengths)) == 1:  # "ragged" must really be ragged
+        lengths[0] += 1
+    return tuple(lengths)
+
+
+def _lengths(kind: str, tier: str, rng: random.Random, splittable: bool) -> tuple[int, ...]:
+    one = {"L0": _L0_ONE, "L1": _L1_ONE, "L2": _L2_ONE}[tier]
+    batch = {"L0": _L0_BATCH, "L1": _L1_BATCH, "L2": _L2_BATCH}[tier]
+    if kind == "one":
+        # A one-token sequence cannot be split, so a continuation row draws a longer one.
+        return (rng.choice([n for n in one if n > 1] if splittable else one),)
+    if kind == "batch":
+        n, length = rng.choice(batch)
+        return (length,) * n
+    return _ragged_lengths(tier, rng)
+
+
+def _splits(seqlens: tuple[int, ...], rng: random.Random) -> tuple[int, ...]:
+    longest = max(seqlens)
+    options = sorted({s for s in (1, 63, 64, 65, longest // 2, longest // 3, longest - 1) if 0 < s < longest})
+    if not options:
+        return ()
+    count = min(len(options), rng.choice((1, 1, 2)))
+    return tuple(sorted(rng.sample(options, count)))
+
+
+def row_to_case(row: dict[str, str], tier: str, rng: random.Random, seed: int = 0) -> Case:
+    """Make a covering-array row concrete (head counts, lengths, splits and scale drawn from `rng`)."""
+    k, v = map(int, row["dims"].split("x"))
+    seqlens = _lengths(row["lengths"], tier, rng, splittable=row["cont"] == "on")
+    h, hk, hv = rng.choice(_HEADS[tier][row["heads"]])
+    gate_mode = row["gate_mode"]
+    return Case(
+        op=row["op"], io_dtype=row["io_dtype"], state_dtype=row["state_dtype"], layout=row["layout"],
+        seqlens=seqlens, H=h, HK=hk, HV=hv, K=k, V=v, gate=row["gate"], beta_profile=row["beta"],
+        l2norm=row["l2norm"] == "on",
+        beta_sigmoid=row["beta_mode"] != "plain", neg_eigval=row["beta_mode"] == "negeig",
+        gate_domain="linear" if gate_mode == "linear" else "log",
+        safe_gate=gate_mode.startswith("safe"), a_log="alog" in gate_mode, dt_bias="dtbias" in gate_mode,
+        scale=rng.choice(_CUSTOM_SCALES) if row["scale"] == "custom" else None,
+        initial_state=row["h0"] == "on",
+        splits=_splits(seqlens, rng) if row["cont"] == "on" else (),
+        backward=row["bwd"] == "on", seed=seed, tier=tier,
+    )
+
+
+# ---------------------------------------------------------------------------------- tiers
+
+# The few hand-written cases every L0 run must contain, whatever the generator does.
+_L0_PINNED = (
+    # The architecture page's example, shrunk to L0 size.
+    "gdn2-bf16-thd-N3-T[0_63_200]-H4/4/4-K128-V128-steep-h0-cont[64]-bwd",
+    # Reduction partners (GDN2 -> KDA -> GDN) on the same lengths and heads.
+    "gdn-bf16-thd-N4-T[0_1_64_65]-H2/2/2-K64-V64-typical-h0-cont[1_64]-bwd",
+    "kda-bf16-thd-N4-T[0_1_64_65]-H2/2/2-K64-V64-typical-h0-cont[1_64]-bwd",
+    "gdn2-bf16-thd-N4-T[0_1_64_65]-H2/2/2-K64-V64-typical-h0-cont[1_64]-bwd",
+    # Extreme gates on a ragged batch (FLA's KDA varlen test injects -1000 the same way).
+    "kda-fp16-thd-N5-T[65_0_1_200_3]-H4/4/4-K128-V64-extreme-l2norm-h0-cont[64]-bwd",
+)
+
+# L0: every pair, plus these triples, so each op meets every layout x dtype, every gate profile in
+# every gate mode, every beta profile in every beta mode, and every layout x length kind x head config.
+_L0_TRIPLE_AXES = (
+    ("op", "io_dtype", "state_dtype", "layout"),
+    ("op", "gate", "gate_mode"),
+    ("op", "beta_mode", "beta"),
+    ("op", "layout", "lengths", "heads"),
+)
+_L0_AXES = {**MAIN_AXES, "dims": tuple(d for d in MAIN_AXES["dims"] if "256" not in d)}
+_L1_REPLICAS = 4
+
+_L2_AXES = {
+    "op": MAIN_AXES["op"],
+    "io_dtype": IO_DTYPES,
+    "state_dtype": STATE_DTYPES,
+    "layout": LAYOUTS,
+    "lengths": LENGTH_KINDS,
+    "heads": HEAD_CONFIGS,
+    "dims": ("64x64", "128x128", "128x64"),
+    "gate": ("steep", "extreme", "zero", "mild"),
+    "gate_mode": ("log", "linear", "safe_alog_dtbias"),
+    "beta_mode": ("plain", "sigmoid"),
+    "beta": ("uniform",),
+    "l2norm": ("on",),
+    "scale": ("default",),
+    "h0": ON_OFF,
+    "cont": ON_OFF,
+    "bwd": ON_OFF,
+}
+
+# The axes (and values) each tier's generator covers; coverage is reported against these.
+TIER_AXES = {"L0": _L0_AXES, "L1": MAIN_AXES, "L2": _L2_AXES}
+
+# Budgets the tests hold the tiers to.
+TIER_BUDGETS = {"L0": (60, 150), "L1": (1000, 2000), "L2": (20, 200)}
+L0_MAX_TOKENS = 600
+L0_MAX_HEADS = 4
+
+
+def _dedupe(cases) -> tuple[Case, ...]:
+    return tuple(dict.fromkeys(cases))
+
+
+@functools.lru_cache(maxsize=None)
+def _build_tier(tier: str) -> tuple[Case, ...]:
+    if tier == "L0":
+        rng = random.Random("deltacheck-L0")
+        rows = covering_rows(_L0_AXES, rng, triple_groups=_L0_TRIPLE_AXES)
+        pinned = [Case.from_id(i) for i in _L0_PINNED]
+        return _dedupe(pinned + [row_to_case(row, "L0", rng) for row in rows])
+    if tier == "L1":
+        cases = []
+        # Independent three-way arrays: each triple of main-axis values appears in several different
+        # surroundings (heads, lengths, other flags), which a single minimal array would not give.
+        for replica in range(_L1_REPLICAS):
+            rng = random.Random(f"deltacheck-L1-{replica}")
+            rows = covering_rows(MAIN_AXES, rng, triple_groups=(tuple(MAIN_AXES),), candidates=2)
+            cases += [row_to_case(row, "L1", rng) for row in rows]
+        return _dedupe(cases)
+    if tier == "L2":
+        rng = random.Random("deltacheck-L2")
+        rows = covering_rows(_L2_AXES, rng, triple_groups=(("op", "lengths", "gate"),))
+        return _dedupe(row_to_case(row, "L2", rng) for row in rows)
+    raise CaseError("tier", f"expected one of {', '.join(TIERS)}; got {tier!r}")
+
+
+def tier_cases(tier: str) -> list[Case]:
+    """The cases of a tier, in a stable order (same list in every process)."""
+    return list(_build_tier(tier))
+
+
+def select(tier: str = "L0", op: str | None = None, k: str | None = None) -> list[Case]:
+    """The cases of `tier`, optionally only those of `op` and those whose id matches the `-k` expression."""
+    if op is not None and op not in OP_SUPPORT:
+        raise CaseError("op", f"expected one of {', '.join(OP_SUPPORT)}; got {op!r}")
+    cases = tier_cases(tier)
+    if op is not None:
+        cases = [c for c in cases if c.op == op]
+    if k:
+        matches = compile_k(k)
+        cases = [c for c in cases if matches(c.id)]
+    return cases
+
+
+# ------------------------------------------------------------------------------- coverage
+
+def _axes_for(cases, axes):
+    if axes is not None:
+        return axes
+    tiers = {case.tier for case in cases}
+    return TIER_AXES[tiers.pop()] if len(tiers) == 1 else MAIN_AXES
+
+
+def interaction_coverage(cases, axes=None, strength: int = 2, group=None) -> tuple[int, int, list]:
+    """(covered, total, missing) over every compatible `strength`-tuple of `axes` values (within `group`
+    when given). `axes` defaults to the tier's own axes when all cases share a tier."""
+    cases = list(cases)
+    axes = _axes_for(cases, axes)
+    names = tuple(n for n in axes if group is None or n in group)
+    wanted = _interactions(axes, [names], strength)
+    seen = set()
+    for case in cases:
+        values = axis_values(case)
+        seen.update(itertools.combinations([(n, values[n]) for n in names], strength))
+    missing = [t for t in wanted if t not in seen]
+    return len(wanted) - len(missing), len(wanted), missing
+
+
+def pair_coverage(cases, axes=None) -> tuple[int, int, list]:
+    """(covered, total, missing) over every compatible pair of main-axis values."""
+    return interaction_coverage(cases, axes, 2)
+
+
+def coverage_table(cases, axes=None) -> str:
+    """Counts per axis value, size statistics, pair and triple coverage, as readable text.
+
+    Coverage is measured against `axes`, by default the tier's own axes when all cases share a tier
+    (L0 leaves out 256-dim GDN, L2 a few flag values) and MAIN_AXES otherwise.
+    """
+    cases = list(cases)
+    if not cases:
+        return "0 cases"
+    axes = _axes_for(cases, axes)
+    counts = {name: Counter() for name in axes}
+    for case in cases:
+        values = axis_values(case)
+        for name in axes:
+            counts[name][values[name]] += 1
+    width = max(map(len, axes))
+    tokens = [c.total_tokens for c in cases]
+    lines = [
+        f"{len(cases)} cases; tokens per case min {min(tokens)} / median {sorted(tokens)[len(tokens) // 2]}"
+        f" / max {max(tokens)}; max heads {max(c.HO for c in cases)}; "
+        f"sequences per case max {max(c.N for c in cases)}",
+    ]
+    for name, values in axes.items():
+        listed = [f"{v}:{counts[name][v]}" for v in values]
+        listed += [f"{v}:{n}" for v, n in sorted(counts[name].items()) if v not in values]
+        lines.append(f"  {name:<{width}}  " + "  ".join(listed))
+    for strength, label in ((2, "pairs"), (3, "triples")):
+        covered, total, missing = interaction_coverage(cases, axes, strength)
+        lines.append(f"{label} of axis values covered: {covered}/{total} ({100.0 * covered / total:.1f}%)")
+        if missing and strength == 2:
+            shown = ", ".join("&".join(f"{a}={x}" for a, x in t) for t in missing[:6])
+            lines.append(f"  missing (first 6): {shown}")
+    return "\n".join(lines)

@@ -1,0 +1,385 @@
+"""Planning a run, running it crash-safe, and the ``run`` / ``verify`` commands.
+
+The tasks (case x backend) run in a worker process that streams results into ``results.jsonl`` and
+tells the parent which task it starts and finishes. If the worker dies hard (segfault, CUDA illegal
+address, ``os._exit``), everything it wrote is already on disk; the parent records an ``error`` for
+the task in flight and continues with the rest in a fresh worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import asdict
+from pathlib import Path
+
+from deltacheck import __version__
+from deltacheck.cases import Case, CaseError, select
+
+from . import gate
+from .backends.base import BackendLoadError, Verdict, get_backend
+from .results import SCHEMA, Result, ResultStream
+from .runner import CaseRunner, RunOptions, checks_for, repro_command
+
+FUSED_DEFAULT = ("cudnn", "fla")
+OPS = ("gdn", "kda", "gdn2")
+
+
+def _new_run_dir(root: str | Path) -> Path:
+    from deltacheck.reports.rundir import new_run_dir
+
+    return new_run_dir(root)
+
+
+def _provenance() -> dict:
+    from deltacheck.reports.rundir import provenance
+
+    return provenance()
+
+
+def pair_availability(backend, spec: str, op: str, env) -> Verdict:
+    """The backend x op verdict before any case: our floors, then the adapter's own pair check."""
+    if op not in backend.ops:
+        return Verdict.no(f"{spec} does not implement {op}")
+    verdict = gate.pair_verdict(backend.name, op, env)
+    available = getattr(backend, "available", None)
+    if verdict.runnable and available is not None:
+        own = available(op, env)
+        if not own.runnable:
+            return own
+        verdict = Verdict(True, "", verdict.backward and own.backward,
+                          verdict.backward_reason or own.backward_reason, verdict.notes + own.notes)
+    return verdict
+
+
+class Progress:
+    """A one-line progress bar with ETA on a terminal; silent in CI or when piped."""
+
+    def __init__(self, total: int, stream=sys.stderr):
+        self.total, self.stream, self.done, self.t0 = total, stream, 0, time.monotonic()
+        self.enabled = stream.isatty() and not os.environ.get("CI")
+
+    def update(self, label: str) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        elapsed = time.monotonic() - self.t0
+        eta = elapsed / self.done * (self.total - self.done)
+        line = f"[{self.done}/{self.total}] {100 * self.done // max(self.total, 1)}% ETA {eta:5.0f}s  {label}"
+        self.stream.write("\r" + line[:120].ljust(120))
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+
+
+def run_task(runner: CaseRunner, case: Case, spec: str, env) -> list[Result]:
+    """All checks of one case x backend; a backend that cannot even load becomes an error result."""
+    try:
+        backend = get_backend(spec)
+    except BackendLoadError as exc:
+        base = dict(case=case.id, backend=spec, op=case.op, repro=repro_command(case, spec))
+        return [Result(check="forward", status="error", reason=str(exc), **base)]
+    if case.op not in backend.ops:
+        verdict = Verdict.no(f"{spec} does not implement {case.op}")
+    else:
+        try:
+            verdict = backend.check(case, env)
+        except Exception as exc:  # noqa: BLE001 - a crashing check is that case's error, not the run's end
+            base = dict(case=case.id, backend=spec, op=case.op, repro=repro_command(case, spec))
+            return [Result(check="forward", status="error", reason=f"check() raised {type(exc).__name__}: {exc}",
+                           **base)]
+    return runner.run(case, backend, spec, verdict, env)
+
+
+def _task_summary(results: list[Result]) -> dict:
+    statuses = Counter(r.status for r in results)
+    fwd = next((r for r in results if r.check == "forward"), None)
+    return {
+        "statuses": dict(statuses),
+        "executed": fwd is not None and fwd.status in ("pass", "fail"),
+        "declined": fwd is not None and fwd.status == "skip",
+        "decline_reason": fwd.reason if fwd is not None and fwd.status == "skip" else "",
+    }
+
+
+# --- the worker process --------------------------------------------------------------------------
+
+
+def worker_main() -> int:
+    """Entry of ``python -m deltacheck.harness.worker``: config line, then one task per line on stdin."""
+    config = json.loads(sys.stdin.readline())
+    opts = RunOptions(**config["opts"])
+    runner = CaseRunner(opts)
+    env = gate.probe_env()
+    with ResultStream(config["results"]) as stream:
+        for line in sys.stdin:
+            task = json.loads(line)
+            print(f"START {task['i']}", flush=True)
+            results = run_task(runner, Case.from_id(task["case"]), task["backend"], env)
+            for r in results:
+                stream.write(r)
+            print(f"DONE {task['i']} {json.dumps(_task_summary(results))}", flush=True)
+    return 0
+
+
+def _run_in_workers(tasks, results_path, opts, on_done, max_restarts=50):
+    """Feed tasks to a worker; on a hard crash, record it and continue in a fresh worker."""
+    remaining = list(tasks)
+    restarts = 0
+    while remaining:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deltacheck.harness.worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+        )
+        proc.stdin.write(json.dumps({"results": str(results_path), "opts": asdict(opts)}) + "\n")
+        for i, (case, spec) in remaining:
+            proc.stdin.write(json.dumps({"i": i, "case": case.id, "backend": spec}) + "\n")
+        proc.stdin.close()
+        in_flight = None
+        finished = set()
+        for line in proc.stdout:
+            word, _, rest = line.strip().partition(" ")
+            if word == "START":
+                in_flight = int(rest)
+            elif word == "DONE":
+                idx, _, summary = rest.partition(" ")
+                finished.add(int(idx))
+                in_flight = None
+                on_done(int(idx), json.loads(summary))
+        code = proc.wait()
+        remaining = [t for t in remaining if t[0] not in finished]
+        if not remaining:
+            break
+        if in_flight is None:  # died between tasks: blame the next one it would have started
+            in_flight = remaining[0][0]
+        crashed = next(t for t in remaining if t[0] == in_flight)
+        case, spec = crashed[1]
+        reason = f"worker process died ({_describe_exit(code)}) while running this case; the run continued in a fresh worker"
+        with ResultStream(results_path) as stream:
+            for check in checks_for(case):
+                stream.write(Result(case=case.id, backend=spec, check=check, status="error", reason=reason,
+                                    op=case.op, io_dtype=case.io_dtype, layout=case.layout, gate=case.gate,
+                                    tokens=case.total_tokens, max_len=case.max_len, tier=case.tier,
+                                    repro=repro_command(case, spec)))
+        on_done(in_flight, {"statuses": {"error": len(checks_for(case))}, "executed": False, "declined": False,
+                            "decline_reason": "", "crashed": reason})
+        remaining = [t for t in remaining if t[0] != in_flight]
+        restarts += 1
+        if restarts > max_restarts:
+            raise RuntimeError(f"worker crashed {restarts} times; giving up (see {results_path})")
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        import signal
+
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+# --- a whole run ---------------------------------------------------------------------------------
+
+
+def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, opts: RunOptions, *,
+            in_process: bool = False, argv: list[str] | None = None, environ=os.environ,
+            stream=sys.stdout) -> tuple[int, Path]:
+    """Run ``cases`` x ``backend_specs``; returns (exit status, run directory)."""
+    env = gate.probe_env()
+    required = gate.required_pairs(environ)
+    run_dir = _new_run_dir(out_root)
+    results_path = run_dir / "results.jsonl"
+    header = {"kind": "run", "schema": SCHEMA, "deltacheck": __version__, "started": _now(), "argv": argv or [],
+              "env": env.to_dict(), "run_id": run_dir.name, "options": asdict(opts),
+              "backends": backend_specs, "cases": len(cases), "required": sorted(":".join(p) for p in required),
+              **_provenance()}
+    gate_verdicts: dict[tuple[str, str], Verdict] = {}
+    load_errors: dict[str, str] = {}
+    with ResultStream(results_path) as out:
+        out.write(header)
+        for spec in backend_specs:
+            try:
+                backend = get_backend(spec)
+            except BackendLoadError as exc:
+                load_errors[spec] = str(exc)
+                backend = None
+            for op in OPS:
+                if backend is None:
+                    v = Verdict.no(str(load_errors[spec]))
+                elif op not in backend.ops:
+                    continue
+                else:
+                    v = pair_availability(backend, spec, op, env)
+                gate_verdicts[(spec, op)] = v
+                out.write({"kind": "gate", "backend": spec, "op": op, "runnable": v.runnable, "reason": v.reason,
+                           "backward": v.backward, "backward_reason": v.backward_reason, "notes": list(v.notes),
+                           "required": (spec, op) in required})
+
+    tasks = [(i, (case, spec)) for i, (case, spec) in enumerate((c, s) for c in cases for s in backend_specs)]
+    executed: Counter = Counter()
+    declined: Counter = Counter()
+    decline_reasons: dict = {}
+    statuses: Counter = Counter()
+    progress = Progress(len(tasks))
+    by_index = dict(tasks)
+
+    def on_done(i, summary):
+        case, spec = by_index[i]
+        statuses.update(summary["statuses"])
+        if summary["executed"]:
+            executed[(spec, case.op)] += 1
+        if summary["declined"]:
+            declined[(spec, case.op)] += 1
+            decline_reasons.setdefault((spec, case.op), summary["decline_reason"])
+        progress.update(f"{spec} {case.id}")
+
+    if in_process:
+        runner = CaseRunner(opts)
+        with ResultStream(results_path) as out:
+            for i, (case, spec) in tasks:
+                results = run_task(runner, case, spec, env)
+                for r in results:
+                    out.write(r)
+                on_done(i, _task_summary(results))
+    else:
+        _run_in_workers(tasks, results_path, opts, on_done)
+    progress.close()
+
+    failures = gate.required_failures(required, gate_verdicts, executed, **_declined_kw(declined, decline_reasons))
+    status = 1 if (statuses["fail"] or statuses["error"] or failures) else 0
+    with ResultStream(results_path) as out:
+        out.write({"kind": "end", "finished": _now(), "counts": dict(statuses), "exit_status": status,
+                   "required_failures": failures,
+                   "executed": {f"{b}:{o}": n for (b, o), n in executed.items()}})
+    _print_summary(stream, run_dir, gate_verdicts, required, executed, statuses, failures, results_path)
+    return status, run_dir
+
+
+def _declined_kw(declined, reasons) -> dict:
+    import inspect
+
+    params = inspect.signature(gate.required_failures).parameters
+    return {"declined": {k: (n, reasons.get(k, "")) for k, n in declined.items()}} if "declined" in params else {}
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _print_summary(stream, run_dir, gate_verdicts, required, executed, statuses, failures, results_path):
+    w = stream.write
+    w(f"\ndeltacheck run {run_dir.name}: " + ", ".join(f"{statuses[s]} {s}" for s in ("pass", "fail", "skip", "error"))
+      + "\n")
+    w("backend x op availability:\n")
+    for (spec, op), v in sorted(gate_verdicts.items()):
+        req = " [REQUIRED]" if (spec, op) in required else ""
+        state = f"ran {executed.get((spec, op), 0)} cases" if v.runnable else f"unavailable: {v.reason}"
+        extra = "" if (not v.runnable or v.backward) else f" (no backward: {v.backward_reason})"
+        w(f"  {spec:>10}:{op:<5}{req} {state}{extra}\n")
+    shown = 0
+    from .results import read_records
+
+    for _, rec, _ in read_records(results_path):
+        if rec and rec.get("kind") == "result" and rec["status"] in ("fail", "error") and shown < 20:
+            w(f"  {rec['status'].upper()} {rec['check']}: {rec['reason'][:200]}\n      re-run: {rec['repro']}\n")
+            shown += 1
+    if failures:
+        fmt = getattr(gate, "format_required_report", None)
+        w((fmt(failures) if fmt else "\n".join(failures)) + "\n")
+    w(f"results: {results_path}\n")
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+
+
+def _select_cases(args) -> list[Case]:
+    if args.case:
+        cases = [Case.from_id(c) for c in args.case]
+    else:
+        cases = []
+        for op in args.op or [None]:
+            cases += select(tier=args.tier, op=op, k=args.k)
+    if args.limit:
+        cases = cases[: args.limit]
+    return cases
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tier", default="L0", choices=["L0", "L1", "L2"], help="case tier (default L0)")
+    p.add_argument("--op", action="append", choices=OPS, help="only this op (repeatable)")
+    p.add_argument("-k", dest="k", default=None, help="pytest-style expression over case ids, e.g. 'thd and not bwd'")
+    p.add_argument("--case", action="append", help="run exactly this case id (repeatable); overrides --tier/-k")
+    p.add_argument("--limit", type=int, default=0, help="at most this many cases (after selection)")
+    p.add_argument("--out", default="runs", help="root folder for run directories (default ./runs)")
+    p.add_argument("--reference", default="auto", choices=["auto", "oracle", "chunked"],
+                   help="fp64 reference: token oracle, chunked, or auto (oracle up to 2048 tokens)")
+    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="skip the same-precision baseline (limits fall back to the absolute thresholds)")
+    p.add_argument("--in-process", action="store_true", help="no worker process (faster start; a hard crash ends the run)")
+
+
+def _options(args) -> RunOptions:
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return RunOptions(device=device, reference=args.reference, baseline=not args.no_baseline)
+
+
+def cmd_run(args) -> int:
+    try:
+        cases = _select_cases(args)
+    except (CaseError, ValueError) as exc:
+        print(f"deltacheck run: {exc}", file=sys.stderr)
+        return 2
+    specs = args.backend or list(FUSED_DEFAULT)
+    status, run_dir = execute(cases, specs, args.out, _options(args), in_process=args.in_process,
+                              argv=sys.argv[1:])
+    if args.report:
+        _render_report(run_dir)
+    return status
+
+
+def _render_report(run_dir: Path) -> None:
+    try:
+        from deltacheck.reports import cli as reports_cli
+    except ImportError as exc:  # the reports package is optional at run time
+        print(f"(no report rendered: {exc})")
+        return
+    reports_cli.main(["report", str(run_dir)])
+
+
+def cmd_verify(args) -> int:
+    """The main job: the reference verifying itself plus every fused backend this machine can run."""
+    args.backend = args.backend or ["chunked", "baseline", *FUSED_DEFAULT]
+    args.report = True
+    return cmd_run(args)
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("run", help="run the case matrix against backends",
+                       description="Run cases x backends; every check is a result in RUN_DIR/results.jsonl. "
+                                   "Exit status 1 when any check fails or errors, or a required pair cannot run.")
+    _add_common(p)
+    p.add_argument("--backend", action="append",
+                   help="backend name (cudnn, fla, fla-recurrent, oracle, chunked, baseline) or pkg.mod:attr "
+                        "(repeatable; default: cudnn and fla)")
+    p.add_argument("--report", action="store_true", help="render the reports into the run directory afterwards")
+    p.set_defaults(func=cmd_run)
+
+    v = sub.add_parser("verify", help="the main job: reference self-check + available fused backends, with a report",
+                       description="Runs the tier against the chunked reference (checked against the token "
+                                   "oracle), the same-precision baseline, and cuDNN / FLA where this machine can "
+                                   "run them; unavailable backends are reported with their reasons.")
+    _add_common(v)
+    v.add_argument("--backend", action="append", help="override the backend list")
+    v.set_defaults(func=cmd_verify)

@@ -1,0 +1,223 @@
+"""pytest plugin: the case matrix x backends as ordinary test items.
+
+Enable it with ``-p deltacheck.harness.pytest_plugin`` (the project's own ``tests/conftest.py`` does),
+then any test taking the ``dc_task`` fixture is parametrized by case x backend, with the case id in
+the test id — so ``-k``, ``--junitxml`` and pytest-xdist (``-n 2``; each worker pinned to one GPU
+through ``CUDA_VISIBLE_DEVICES``) work with no extra glue. Each item carries the markers of its op and
+backend. A backend that cannot serve a case is skipped with its reason; a *required* pair
+(``NVTE_GDN2_TEST_REQUIRED=1``, ``NVTE_GDN_TEST_REQUIRED=1``, ``DELTACHECK_REQUIRE``) fails instead, and
+the session fails if a required pair executed zero cases — never a silent pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+
+import pytest
+
+OPS = ("gdn", "kda", "gdn2")
+KNOWN_BACKENDS = ("cudnn", "fla", "fla-recurrent", "oracle", "chunked", "baseline")
+_STATE_KEY = pytest.StashKey[dict]()
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("deltacheck", "deltacheck case matrix")
+    group.addoption("--dc-tier", default="L0", choices=["L0", "L1", "L2"], help="case tier (default L0)")
+    group.addoption("--dc-backend", action="append", default=None,
+                    help="backend name or pkg.mod:attr (repeatable; default: cudnn and fla)")
+    group.addoption("--dc-op", action="append", default=None, choices=OPS, help="only this op (repeatable)")
+    group.addoption("--dc-k", default=None, help="expression over case ids applied when generating the matrix")
+    group.addoption("--dc-limit", type=int, default=0, help="at most this many cases")
+    group.addoption("--dc-reference", default="auto", choices=["auto", "oracle", "chunked"])
+    group.addoption("--dc-device", default=None, help="torch device (default: cuda if available, else cpu)")
+
+
+def pytest_configure(config):
+    for op in OPS:
+        config.addinivalue_line("markers", f"{op}: a deltacheck case of op {op}")
+    for name in KNOWN_BACKENDS:
+        config.addinivalue_line("markers", f"{_marker(name)}: a deltacheck case run against backend {name}")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        # One GPU per xdist worker, before anything initializes CUDA in this process.
+        n_gpus = _gpu_count_without_init()
+        if n_gpus > 1:
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(int(worker[2:]) % n_gpus)
+    config.stash[_STATE_KEY] = {"executed": Counter(), "declined": Counter(), "decline_reason": {}}
+
+
+def _gpu_count_without_init() -> int:
+    try:
+        import subprocess
+
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+        return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    except (OSError, subprocess.SubprocessError):
+        return 0
+
+
+def _marker(name: str) -> str:
+    return "backend_" + name.replace("-", "_")
+
+
+def _specs(config) -> list[str]:
+    return config.getoption("--dc-backend") or ["cudnn", "fla"]
+
+
+def pytest_generate_tests(metafunc):
+    if "dc_task" not in metafunc.fixturenames:
+        return
+    from deltacheck.cases import select
+
+    config = metafunc.config
+    cases = []
+    for op in config.getoption("--dc-op") or [None]:
+        cases += select(tier=config.getoption("--dc-tier"), op=op, k=config.getoption("--dc-k"))
+    if config.getoption("--dc-limit"):
+        cases = cases[: config.getoption("--dc-limit")]
+    params = []
+    for spec in _specs(config):
+        for case in cases:
+            marks = [getattr(pytest.mark, case.op)]
+            if spec in KNOWN_BACKENDS:
+                marks.append(getattr(pytest.mark, _marker(spec)))
+            params.append(pytest.param((case, spec), id=f"{spec}::{case.id}", marks=marks))
+    metafunc.parametrize("dc_task", params)
+
+
+@pytest.fixture(scope="session")
+def dc_runner(request):
+    import torch
+
+    from .runner import CaseRunner, RunOptions
+
+    config = request.config
+    device = config.getoption("--dc-device") or ("cuda" if torch.cuda.is_available() else "cpu")
+    return CaseRunner(RunOptions(device=device, reference=config.getoption("--dc-reference")))
+
+
+@pytest.fixture(scope="session")
+def dc_env():
+    from . import gate
+
+    return gate.probe_env()
+
+
+@pytest.fixture
+def dc_run(request, dc_runner, dc_env):
+    """Run one (case, backend) task; skip with the backend's reason or fail listing every failed check."""
+    from . import gate
+    from .orchestrate import run_task
+
+    state = request.config.stash[_STATE_KEY]
+    required = gate.required_pairs()
+
+    def run(task):
+        case, spec = task
+        results = run_task(dc_runner, case, spec, dc_env)
+        pair = (spec, case.op)
+        statuses = Counter(r.status for r in results)
+        forward = next(r for r in results if r.check == "forward")
+        if forward.status in ("pass", "fail"):
+            state["executed"][pair] += 1
+        bad = [r for r in results if r.status in ("fail", "error")]
+        if bad:
+            lines = [f"{r.status.upper()} {r.check}: {r.reason}" for r in bad]
+            pytest.fail("\n".join(lines) + f"\nre-run: {bad[0].repro}", pytrace=False)
+        if forward.status == "skip":
+            state["declined"][pair] += 1
+            state["decline_reason"].setdefault(pair, forward.reason)
+            if pair in required:
+                pytest.fail(f"REQUIRED {spec}:{case.op} declined this case: {forward.reason}", pytrace=False)
+            pytest.skip(forward.reason)
+        skipped = [r for r in results if r.status == "skip"]
+        if skipped and statuses["pass"] == 0:
+            pytest.skip(skipped[0].reason)
+        return results
+
+    return run
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    state = config.stash.get(_STATE_KEY, None)
+    if state is None:
+        return
+    if hasattr(config, "workeroutput"):  # an xdist worker: hand the counts to the controller
+        config.workeroutput["deltacheck"] = json.dumps(_dump(state))
+        return
+    failures = _required_failures(config, state)
+    if failures:
+        state["failures"] = failures
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_testnodedown(node, error):
+    raw = getattr(node, "workeroutput", {}).get("deltacheck")
+    if raw:
+        state = node.config.stash[_STATE_KEY]
+        data = json.loads(raw)
+        collected = data.pop("collected_matrix", False)
+        state["collected_matrix"] = state.get("collected_matrix") or collected
+        for key, pairs in data.items():
+            for spec, op, n, *reason in pairs:
+                if key == "decline_reason":
+                    state[key].setdefault((spec, op), reason[0] if reason else "")
+                else:
+                    state[key][(spec, op)] += n
+
+
+def _dump(state) -> dict:
+    return {
+        "collected_matrix": bool(state.get("collected_matrix")),
+        "executed": [[s, o, n] for (s, o), n in state["executed"].items()],
+        "declined": [[s, o, n] for (s, o), n in state["declined"].items()],
+        "decline_reason": [[s, o, 0, r] for (s, o), r in state["decline_reason"].items()],
+    }
+
+
+def _required_failures(config, state) -> list[str]:
+    from . import gate
+
+    required = gate.required_pairs()
+    if not required or not _uses_matrix(config):
+        return []
+    from .backends.base import BackendLoadError, get_backend
+    from .orchestrate import pair_availability
+
+    env = gate.probe_env()
+    verdicts = {}
+    for spec, op in required:
+        try:
+            verdicts[(spec, op)] = pair_availability(get_backend(spec), spec, op, env)
+        except BackendLoadError as exc:
+            from .backends.base import Verdict
+
+            verdicts[(spec, op)] = Verdict.no(str(exc))
+    declined = {k: (n, state["decline_reason"].get(k, "")) for k, n in state["declined"].items()}
+    import inspect
+
+    kw = {"declined": declined} if "declined" in inspect.signature(gate.required_failures).parameters else {}
+    return gate.required_failures(required, verdicts, state["executed"], **kw)
+
+
+def _uses_matrix(config) -> bool:
+    return bool(config.stash[_STATE_KEY].get("collected_matrix"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k / -m deselect anything: "-k matched none" must still count
+def pytest_collection_modifyitems(session, config, items):
+    config.stash[_STATE_KEY]["collected_matrix"] = any("dc_task" in getattr(i, "fixturenames", ()) for i in items)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    state = config.stash.get(_STATE_KEY, None)
+    if not state or not state.get("failures"):
+        return
+    from . import gate
+
+    fmt = getattr(gate, "format_required_report", None)
+    terminalreporter.section("deltacheck required mode", sep="=", red=True, bold=True)
+    terminalreporter.write_line(fmt(state["failures"]) if fmt else "\n".join(state["failures"]))

@@ -1,0 +1,356 @@
+"""The runner: per case x backend, every check as its own Result, streamed as it finishes.
+
+Checks: ``forward`` (output), ``state`` (final state), ``continuation_ref`` and ``continuation_self``
+(the case split at its points with the state carried, against the reference and against the backend's
+own single call), ``grad_<input>`` (weighted loss on output and final state, against fp64 autograd
+through the reference), ``determinism`` (two runs, bitwise). Inputs handed to a backend sit inside
+larger buffers whose margins hold NaN, so an out-of-bounds read poisons the output and fails
+``forward``; adapters prefill the outputs they allocate with NaN, so an unwritten tail does too.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from deltacheck.cases import Case, make_inputs, make_weights
+from deltacheck.reference import layouts
+
+from . import compare
+from .backends.base import Backend, Verdict, get_backend
+from .results import Result
+
+F64 = torch.float64
+GRAD_NAMES = {
+    "q": "dq", "k": "dk", "v": "dv", "g": "dg", "beta": "dbeta", "w": "dw",
+    "initial_state": "dh0", "a_log": "da_log", "dt_bias": "ddt_bias",
+}
+TOKENWISE = ("q", "k", "v", "g", "beta", "w")
+SEQ_AXIS = {"bshd": 1, "sbhd": 0, "bhsd": 2}
+# Above this many tokens the token oracle is too slow to be the reference; the fp64 chunked
+# reference (verified against the oracle to 1e-12) takes over.
+ORACLE_MAX_TOKENS = 2048
+
+
+@dataclass
+class RunOptions:
+    device: str = "cpu"
+    reference: str = "auto"  # oracle | chunked | auto
+    baseline: bool = True  # compute the same-precision baseline for the FlashAttention criterion
+    margin: int = 64  # NaN elements each side of every input buffer
+
+
+def repro_command(case: Case, backend_spec: str) -> str:
+    return f"deltacheck run --case {shlex.quote(case.id)} --backend {shlex.quote(backend_spec)}"
+
+
+def checks_for(case: Case) -> list[str]:
+    names = ["forward", "state"]
+    if case.splits:
+        names += ["continuation_ref", "continuation_self"]
+    if case.backward:
+        names += [f"grad_{n}" for n in grad_inputs(case)]
+    names.append("determinism")
+    return names
+
+
+def grad_inputs(case: Case) -> list[str]:
+    names = ["q", "k", "v", "g", "beta"] + (["w"] if case.op == "gdn2" else [])
+    if case.initial_state:
+        names.append("initial_state")
+    if case.a_log:
+        names.append("a_log")
+    if case.dt_bias:
+        names.append("dt_bias")
+    return names
+
+
+# --- inputs --------------------------------------------------------------------------------------
+
+
+def guarded(x: torch.Tensor | None, margin: int) -> torch.Tensor | None:
+    """A copy of ``x`` living inside a buffer whose ``margin`` elements on each side are NaN."""
+    if x is None or not x.is_floating_point() or margin == 0:
+        return x
+    buf = torch.full((x.numel() + 2 * margin,), math.nan, dtype=x.dtype, device=x.device)
+    view = buf[margin : margin + x.numel()].view(x.shape)
+    view.copy_(x)
+    return view
+
+
+def offsets_of(case: Case) -> list[int]:
+    out = [0]
+    for n in case.seqlens:
+        out.append(out[-1] + n)
+    return out
+
+
+def to_packed(x: torch.Tensor, case: Case) -> torch.Tensor:
+    return layouts.to_thd(x, case.layout)
+
+
+def segment_inputs(case: Case, inputs: dict, seg: int) -> tuple[dict, list[int]]:
+    """The ``seg``-th continuation segment of every sequence, as a smaller input dict of the same layout."""
+    bounds = [case.segments(n)[seg] for n in case.seqlens]
+    out = dict(inputs)
+    if case.layout == "thd":
+        offs = offsets_of(case)
+        rows = [torch.arange(offs[i] + a, offs[i] + b) for i, (a, b) in enumerate(bounds)]
+        idx = torch.cat(rows).to(inputs["q"].device)
+        for name in TOKENWISE:
+            if inputs.get(name) is not None:
+                out[name] = inputs[name].index_select(0, idx)
+        lens = [b - a for a, b in bounds]
+        cu = [0]
+        for n in lens:
+            cu.append(cu[-1] + n)
+        out["cu_seqlens"] = torch.tensor(cu, dtype=inputs["cu_seqlens"].dtype, device=inputs["cu_seqlens"].device)
+    else:
+        a, b = bounds[0]
+        axis = SEQ_AXIS[case.layout]
+        for name in TOKENWISE:
+            if inputs.get(name) is not None:
+                out[name] = inputs[name].narrow(axis, a, b - a)
+        lens = [b - a] * case.N
+    return out, lens
+
+
+def segment_case(case: Case, lens: list[int]) -> Case:
+    return case.replace(seqlens=tuple(lens), splits=())
+
+
+# --- the reference side, computed once per case --------------------------------------------------
+
+
+@dataclass
+class Expected:
+    out: torch.Tensor  # packed [T, HO, V], fp64
+    state: torch.Tensor  # [N, HO, K, V], fp64
+    grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    baseline_err: dict[str, float] = field(default_factory=dict)
+    reference: str = ""
+    seconds: float = 0.0
+
+
+def _leaves(inputs: dict, names: list[str], dtype=None) -> dict:
+    """Fresh grad-requiring leaves for ``names`` (optionally cast), other entries passed through."""
+    out = dict(inputs)
+    for n in names:
+        x = inputs[n]
+        x = x.detach().to(dtype) if dtype is not None else x.detach().clone()
+        out[n] = x.requires_grad_()
+    return out
+
+
+def _loss(case: Case, out: torch.Tensor, state: torch.Tensor, device) -> torch.Tensor:
+    wo, ws = make_weights(case, out.shape, state.shape, device=device)
+    return (out.to(F64) * wo.to(F64)).sum() + (state.to(F64) * ws.to(F64)).sum()
+
+
+def _forward_backward(backend: Backend, case: Case, inputs: dict, names: list[str], device):
+    out, state = backend.run(case, inputs)
+    grads = {}
+    if names:
+        leaves = [inputs[n] for n in names]
+        got = torch.autograd.grad(_loss(case, out, state, device), leaves, allow_unused=True)
+        grads = dict(zip(names, got))
+    return out, state, grads
+
+
+def reference_name(case: Case, mode: str) -> str:
+    if mode == "auto":
+        return "oracle" if case.total_tokens <= ORACLE_MAX_TOKENS else "chunked"
+    return mode
+
+
+def compute_expected(case: Case, opts: RunOptions) -> Expected:
+    t0 = time.perf_counter()
+    base = make_inputs(case, opts.device)
+    names = grad_inputs(case) if case.backward else []
+    ref_name = reference_name(case, opts.reference)
+    ref = get_backend(ref_name)
+    float_names = [n for n, x in base.items() if x is not None and x.is_floating_point()]
+    ref_inputs = _leaves(base, float_names, F64) if names else {
+        n: (x.to(F64) if n in float_names else x) for n, x in base.items()
+    }
+    with torch.set_grad_enabled(bool(names)):
+        out, state, grads = _forward_backward(ref, case, ref_inputs, names, opts.device)
+    exp = Expected(
+        out=to_packed(out, case).detach().to(F64), state=state.detach().to(F64),
+        grads={n: (g.detach() if g is not None else None) for n, g in grads.items()}, reference=ref_name,
+    )
+    if opts.baseline:
+        bl = get_backend("baseline")
+        bl_inputs = _leaves(base, names) if names else base
+        with torch.set_grad_enabled(bool(names)):
+            b_out, b_state, b_grads = _forward_backward(bl, case, bl_inputs, names, opts.device)
+        exp.baseline_err["out"] = compare.rel_rms(to_packed(b_out, case), exp.out)
+        exp.baseline_err["state"] = compare.rel_rms(b_state, exp.state)
+        for n, g in b_grads.items():
+            if g is not None and exp.grads.get(n) is not None:
+                exp.baseline_err[GRAD_NAMES[n]] = compare.rel_rms(g, exp.grads[n])
+    exp.seconds = time.perf_counter() - t0
+    return exp
+
+
+# --- one case x one backend ----------------------------------------------------------------------
+
+
+class CaseRunner:
+    """Runs every check of one (case, backend) pair; caches the expected values of the last case."""
+
+    def __init__(self, opts: RunOptions):
+        self.opts = opts
+        self._expected: tuple[str, Expected] | None = None
+
+    def expected(self, case: Case) -> Expected:
+        if self._expected is None or self._expected[0] != case.id:
+            self._expected = (case.id, compute_expected(case, self.opts))
+        return self._expected[1]
+
+    def run(self, case: Case, backend: Backend, backend_spec: str, verdict: Verdict, env=None) -> list[Result]:
+        base = dict(
+            case=case.id, backend=backend_spec, op=case.op, io_dtype=case.io_dtype, layout=case.layout,
+            gate=case.gate, tokens=case.total_tokens, max_len=case.max_len, tier=case.tier,
+            repro=repro_command(case, backend_spec),
+        )
+        if not verdict.runnable:
+            return [Result(check=c, status="skip", reason=verdict.reason, **base) for c in checks_for(case)]
+        results: list[Result] = []
+        try:
+            self._run_checks(case, backend, verdict, base, results)
+        except Exception as exc:  # noqa: BLE001 - a backend's exception is that case's error result
+            done = {r.check for r in results}
+            reason = f"{type(exc).__name__}: {exc}"
+            tb = traceback.format_exc(limit=-3)
+            first = True
+            for c in checks_for(case):
+                if c in done:
+                    continue
+                results.append(Result(
+                    check=c, status="error", reason=reason if first else f"not run: an earlier check raised {reason}",
+                    metrics={"traceback": tb} if first else {}, **base,
+                ))
+                first = False
+        return results
+
+    def _judge(self, case, quantity, check, actual, expected, baseline, base, seconds, offsets=None):
+        m = compare.metrics(actual, expected)
+        if "shape_mismatch" in m:
+            return Result(check=check, status="fail", reason=f"shape mismatch: {m['shape_mismatch']}",
+                          metrics=m, seconds=seconds, **base)
+        verdict = compare.judge(case.op, case.io_dtype, quantity, m["rel_rms"], baseline)
+        m.update({k: v for k, v in verdict.items() if k != "passed"})
+        if offsets is not None:
+            m.update(compare.localize(actual, expected, offsets, verdict["limit"]))
+        ref_bad = int((~torch.isfinite(expected)).sum())
+        if verdict["passed"]:
+            return Result(check=check, status="pass", metrics=m, seconds=seconds, **base)
+        if m["nan"] or m["inf"]:
+            reason = f"{m['nan']} NaN / {m['inf']} Inf in {quantity} (unwritten output, out-of-bounds read or overflow)"
+            if ref_bad:
+                reason += f"; the reference has {ref_bad} non-finite values too"
+        else:
+            reason = (f"{quantity} rel RMS {m['rel_rms']:.3e} > limit {verdict['limit']:.3e} "
+                      f"(threshold {verdict['threshold']:.1e}, baseline {_fmt(baseline)})")
+        if m.get("first_bad_token") is not None:
+            reason += f"; diverges at token {m['first_bad_token']}, worst seq {m['worst_seq']}, head {m['worst_head']}"
+        return Result(check=check, status="fail", reason=reason, metrics=m, seconds=seconds, **base)
+
+    def _run_checks(self, case, backend, verdict, base, results):
+        opts = self.opts
+        exp = self.expected(case)
+        offsets = offsets_of(case)
+        names = grad_inputs(case) if case.backward and verdict.backward else []
+        inputs = {n: guarded(x, opts.margin) for n, x in make_inputs(case, opts.device).items()}
+        for n in names:  # guarded() made fresh leaves, so the NaN margins stay around the grad inputs
+            inputs[n].requires_grad_()
+
+        t0 = time.perf_counter()
+        with torch.set_grad_enabled(bool(names)):
+            out, state, grads = _forward_backward(backend, case, inputs, names, opts.device)
+        seconds = time.perf_counter() - t0
+        packed = to_packed(out, case)
+        results.append(self._judge(case, "out", "forward", packed, exp.out, exp.baseline_err.get("out"),
+                                   base, seconds, offsets))
+        results.append(self._judge(case, "state", "state", state, exp.state, exp.baseline_err.get("state"),
+                                   base, seconds))
+
+        if case.splits:
+            chained_out, chained_state = self._continuation(case, backend, inputs)
+            results.append(self._judge(case, "out", "continuation_ref", chained_out, exp.out,
+                                       exp.baseline_err.get("out"), base, 0.0, offsets))
+            r = self._judge(case, "out", "continuation_self", chained_out, packed.detach().to(F64), None, base, 0.0)
+            state_err = compare.rel_rms(chained_state, state)
+            r.metrics["state_rel_rms_vs_self"] = state_err
+            state_ok = compare.judge(case.op, case.io_dtype, "state", state_err, None)
+            if r.status == "pass" and not state_ok["passed"]:
+                r.status, r.reason = "fail", f"chained final state differs from the single call's by rel RMS {state_err:.3e}"
+            results.append(r)
+
+        if case.backward:
+            for n in grad_inputs(case):
+                check = f"grad_{n}"
+                if not verdict.backward:
+                    results.append(Result(check=check, status="skip", reason=verdict.backward_reason or
+                                          "backend has no backward for this case", **base))
+                    continue
+                got, want = grads.get(n), exp.grads.get(n)
+                if got is None:
+                    results.append(Result(check=check, status="fail", reason=f"backend returned no gradient for {n}",
+                                          **base))
+                    continue
+                q = GRAD_NAMES[n]
+                results.append(self._judge(case, q, check, got, want, exp.baseline_err.get(q), base, 0.0))
+
+        with torch.no_grad():
+            out2, state2 = backend.run(case, {n: (x.detach() if x is not None else None) for n, x in inputs.items()})
+        same = torch.equal(out2, out.detach()) and torch.equal(state2, state.detach())
+        if same:
+            results.append(Result(check="determinism", status="pass", **base))
+        else:
+            diff = compare.rel_rms(to_packed(out2, case), packed)
+            results.append(Result(check="determinism", status="fail",
+                                  reason=f"two runs differ (output rel RMS {diff:.3e} between runs)",
+                                  metrics={"rel_rms": diff}, **base))
+
+    def _continuation(self, case, backend, inputs):
+        outs_by_seg = []
+        state_vk = inputs.get("initial_state")
+        state_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[case.state_dtype]
+        n_seg = len(case.segments(case.seqlens[0]))
+        seg_lens = []
+        with torch.no_grad():
+            for s in range(n_seg):
+                seg, lens = segment_inputs(case, {n: (x.detach() if x is not None else None) for n, x in inputs.items()}, s)
+                seg["initial_state"] = state_vk
+                sub = segment_case(case, lens)
+                o, st = backend.run(sub, seg)
+                outs_by_seg.append(to_packed(o, sub).to(F64))
+                seg_lens.append(lens)
+                # Carry the state the way a framework stores it: value-major, in the state dtype.
+                state_vk = layouts.state_convert(st.float(), "kv", "vk").to(state_dtype)
+        # Re-interleave segments back into each sequence's token order.
+        pieces = []
+        seg_offsets = [[0] + list(_cumsum(lens)) for lens in seg_lens]
+        for n in range(case.N):
+            for s in range(n_seg):
+                a, b = seg_offsets[s][n], seg_offsets[s][n + 1]
+                pieces.append(outs_by_seg[s][a:b])
+        return torch.cat(pieces), st.to(F64)
+
+
+def _cumsum(xs):
+    total = 0
+    for x in xs:
+        total += x
+        yield total
+
+
+def _fmt(x) -> str:
+    return "none" if x is None else f"{x:.3e}"

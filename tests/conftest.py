@@ -1,0 +1,1 @@
+pytest_plugins = ["deltacheck.harness.pytest_plugin"]
