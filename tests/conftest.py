@@ -1,1 +1,9 @@
+import os
+
+import torch
+
 pytest_plugins = ["deltacheck.harness.pytest_plugin"]
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One thread per xdist worker: the CI machine has 2 cores and runs 2 workers.
+    torch.set_num_threads(1)
