@@ -24,22 +24,11 @@ from deltacheck.cases import Case, CaseError, select
 from . import gate
 from .backends.base import BackendLoadError, Verdict, get_backend
 from .results import SCHEMA, Result, ResultStream
+from .rundir import new_run_dir, provenance
 from .runner import CaseRunner, RunOptions, checks_for, repro_command
 
 FUSED_DEFAULT = ("cudnn", "fla")
 OPS = ("gdn", "kda", "gdn2")
-
-
-def _new_run_dir(root: str | Path) -> Path:
-    from deltacheck.reports.rundir import new_run_dir
-
-    return new_run_dir(root)
-
-
-def _provenance() -> dict:
-    from deltacheck.reports.rundir import provenance
-
-    return provenance()
 
 
 def pair_availability(backend, spec: str, op: str, env) -> Verdict:
@@ -196,12 +185,12 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
     """Run ``cases`` x ``backend_specs``; returns (exit status, run directory)."""
     env = gate.probe_env()
     required = gate.required_pairs(environ)
-    run_dir = _new_run_dir(out_root)
+    run_dir = new_run_dir(out_root)
     results_path = run_dir / "results.jsonl"
     header = {"kind": "run", "schema": SCHEMA, "deltacheck": __version__, "started": _now(), "argv": argv or [],
               "env": env.to_dict(), "run_id": run_dir.name, "options": asdict(opts),
               "backends": backend_specs, "cases": len(cases), "required": sorted(":".join(p) for p in required),
-              **_provenance()}
+              **provenance()}
     gate_verdicts: dict[tuple[str, str], Verdict] = {}
     load_errors: dict[str, str] = {}
     with ResultStream(results_path) as out:
@@ -350,17 +339,15 @@ def cmd_run(args) -> int:
 
 
 def _render_report(run_dir: Path) -> None:
-    try:
-        from deltacheck.reports import cli as reports_cli
-    except ImportError as exc:  # the reports package is optional at run time
-        print(f"(no report rendered: {exc})")
-        return
-    reports_cli.main(["report", str(run_dir)])
+    from deltacheck.harness.cli import main as cli_main  # reports register themselves as `deltacheck report`
+
+    cli_main(["report", str(run_dir)])
 
 
 def cmd_verify(args) -> int:
     """The main job: the reference verifying itself plus every fused backend this machine can run."""
-    args.backend = args.backend or ["chunked", "baseline", *FUSED_DEFAULT]
+    # The baseline is the yardstick inside every check, not a subject: it is left out here.
+    args.backend = args.backend or ["chunked", *FUSED_DEFAULT]
     args.report = True
     return cmd_run(args)
 

@@ -84,7 +84,7 @@ def read_records(path: str | os.PathLike) -> Iterator[tuple[int, dict | None, st
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as exc:
-                yield lineno, None, f"not valid JSON ({exc.msg} at column {exc.colno})"
+                yield lineno, None, f"not valid JSON ({exc.msg}, column {exc.colno})"
                 continue
             if not isinstance(rec, dict) or "kind" not in rec:
                 yield lineno, None, "not a deltacheck record (no 'kind')"

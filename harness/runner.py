@@ -259,7 +259,8 @@ class CaseRunner:
         if "shape_mismatch" in m:
             return Result(check=check, status="fail", reason=f"shape mismatch: {m['shape_mismatch']}",
                           metrics=m, seconds=seconds, **base)
-        verdict = compare.judge(case.op, case.io_dtype, quantity, m["rel_rms"], baseline)
+        verdict = compare.judge(case.op, case.io_dtype, quantity, m["rel_rms"], baseline,
+                                max_abs=m["max_abs"] if not (m["nan"] or m["inf"]) else None)
         m.update({k: v for k, v in verdict.items() if k != "passed"})
         if offsets is not None:
             m.update(compare.localize(actual, expected, offsets, verdict["limit"]))

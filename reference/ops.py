@@ -216,8 +216,11 @@ def _run(
     if scale is None:
         scale = 1.0 / math.sqrt(K)
 
-    # --- flags, in the compute dtype ---------------------------------------------------------------
-    cd = compute_dtype
+    # --- flags ---------------------------------------------------------------------------------------
+    # Flag and gate math runs in fp32 at least, as kernels do it: in fp16, log(alpha + 1e-10) of a
+    # fully decayed gate is log(0) = -inf, and sigmoid(-30) flushes to 0. The recurrence itself then
+    # runs in compute_dtype (bf16/fp16 for the same-precision baseline).
+    cd = compute_dtype if compute_dtype.itemsize >= 4 else torch.float32
     q, k, v, g, beta = (x.to(cd) for x in (q, k, v, g, beta))
     w = w.to(cd) if w is not None else None
     a_log = a_log.to(cd) if a_log is not None else None
@@ -231,6 +234,9 @@ def _run(
         gate_lower_bound=gate_lower_bound, HO=HO, K=K,
     )
     q, k, v = _expand_heads(q, HO), _expand_heads(k, HO), _expand_heads(v, HO)
+    if cd != compute_dtype:
+        q, k, v, g, beta = (x.to(compute_dtype) for x in (q, k, v, g, beta))
+        w = w.to(compute_dtype) if w is not None else None
     # Reduce every op to the GDN2 core: scalar gates stay broadcastable singletons.
     g = g if spec.g_feat else g.unsqueeze(-1)
     b = beta if spec.beta_feat else beta.unsqueeze(-1)
@@ -239,7 +245,7 @@ def _run(
     if initial_state is None:
         h0 = q.new_zeros(N, HO, K, V)
     else:
-        h0 = layouts.state_convert(initial_state.to(cd), state_layout, "kv")
+        h0 = layouts.state_convert(initial_state.to(compute_dtype), state_layout, "kv")
 
     out, final = _run_core(
         (q, k, v, g, b, wv), offsets, h0, scale, method=method, chunk_size=chunk_size, dense=n_dense is not None

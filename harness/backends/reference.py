@@ -1,0 +1,126 @@
+"""The reference exposed as backends, so the harness can test itself.
+
+Three backends, all CPU-capable and always runnable:
+
+``oracle``    the token-by-token recurrence in fp64: the gold standard everything is compared to.
+``chunked``   the chunked (WY/UT) reference in fp64: a second, independent algorithm for the same math.
+``baseline``  the chunked reference run *in the case's io dtype* with inputs cast to it: what a plain
+              same-precision PyTorch implementation gets, the yardstick for "kernel error <= c x baseline".
+
+Unlike the fused adapters these return ``final_state`` in their compute dtype (fp64 for oracle/chunked,
+the io dtype for the baseline), key-major ``[N, HO, K, V]``; the harness compares in fp64, and rounding
+the gold standard to fp32 would throw precision away. Everything stays differentiable with respect to
+the input tensors the runner passes in (casts and transposes are autograd ops).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from ... import reference
+from ...reference import layouts
+from .base import Verdict, register
+
+OPS = frozenset({"gdn", "kda", "gdn2"})
+_IO_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def chunked_import_error() -> str | None:
+    """Why ``deltacheck.reference.chunked`` cannot be imported, or None when it can."""
+    try:
+        importlib.import_module("deltacheck.reference.chunked")
+    except ImportError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _op_args(case, inputs: dict) -> list:
+    """Positional tensors of the reference op, in cuDNN's order (q, k, v, g, beta[, w], cu_seqlens)."""
+    args = [inputs["q"], inputs["k"], inputs["v"], inputs["g"], inputs["beta"]]
+    if case.op == "gdn2":
+        args.append(inputs["w"])
+    args.append(inputs["cu_seqlens"] if case.layout == "thd" else None)
+    return args
+
+
+class ReferenceBackend:
+    """One reference configuration: ``method`` ("oracle" / "chunked") and the compute precision.
+
+    ``same_precision=False`` computes in fp64 from the inputs as given; ``same_precision=True`` first
+    casts every floating input (gates, state, a_log, dt_bias included) to the case's io dtype and
+    computes in that dtype, as a same-precision PyTorch implementation would.
+    """
+
+    ops = OPS
+
+    def __init__(self, name: str, method: str, same_precision: bool = False):
+        self.name = name
+        self.method = method
+        self.same_precision = same_precision
+
+    def _method(self) -> tuple[str, tuple[str, ...]]:
+        """The method actually used, and notes saying so when it is not the one asked for."""
+        if self.method != "chunked":
+            return self.method, ()
+        error = chunked_import_error()
+        if error is None:
+            return "chunked", ()
+        if self.same_precision:
+            # The baseline's point is the io-dtype arithmetic, which the oracle can supply too.
+            return "oracle", (f"baseline: chunked reference unavailable ({error}); used method='oracle' "
+                              "in the io dtype instead",)
+        return "", (error,)
+
+    def check(self, case, env) -> Verdict:
+        if case.op not in self.ops:
+            return Verdict.no(f"{self.name} serves {sorted(self.ops)}, not {case.op!r}")
+        method, notes = self._method()
+        if not method:
+            return Verdict.no(f"{self.name}: the chunked reference cannot be imported ({notes[0]})")
+        if self.same_precision:
+            notes = (*notes, f"{self.name}: every floating input cast to {case.io_dtype} and computed in {case.io_dtype}")
+        return Verdict.ok(*notes)
+
+    def run(self, case, inputs: dict):
+        method, _ = self._method()
+        if not method:
+            raise RuntimeError(f"{self.name}: the chunked reference cannot be imported")
+        compute = _IO_DTYPES[case.io_dtype] if self.same_precision else torch.float64
+
+        def prepare(x):
+            # Cast only in the baseline; the fp64 references read the inputs exactly as given (the
+            # reference up-casts to fp64 itself, which is exact from bf16/fp16/fp32).
+            if x is None or not self.same_precision or not x.is_floating_point():
+                return x
+            return x.to(compute)
+
+        args = [prepare(x) for x in _op_args(case, inputs)]
+        kwargs = case.reference_kwargs()
+        kwargs.update(
+            initial_state=prepare(inputs.get("initial_state")),
+            a_log=prepare(inputs.get("a_log")),
+            dt_bias=prepare(inputs.get("dt_bias")),
+            output_final_state=True,
+            state_layout="vk",  # make_inputs gives cuDNN's value-major [N, HO, V, K]
+            method=method,
+            compute_dtype=compute,
+        )
+        out, final_vk = getattr(reference, case.op)(*args, **kwargs)
+        return out, layouts.state_convert(final_vk, "vk", "kv")
+
+
+@register("oracle")
+def _oracle() -> ReferenceBackend:
+    return ReferenceBackend("oracle", "oracle")
+
+
+@register("chunked")
+def _chunked() -> ReferenceBackend:
+    return ReferenceBackend("chunked", "chunked")
+
+
+@register("baseline")
+def _baseline() -> ReferenceBackend:
+    return ReferenceBackend("baseline", "chunked", same_precision=True)

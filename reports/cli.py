@@ -1,0 +1,120 @@
+"""``deltacheck report`` and ``deltacheck compare``.
+
+Exit statuses: report 0 when the files were written; compare 0 without a regression, 1 with one;
+both 2 when an input cannot be read (missing directory, other schema), 3 on an internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from .load import RunInputError
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 3
+
+
+def _guarded(command: str, body: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Turn every failure into one line on stderr and an exit status: no tracebacks for a person to decode."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return body(args)
+        except RunInputError as exc:
+            print(f"deltacheck {command}: error: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except OSError as exc:
+            where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+            print(f"deltacheck {command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except Exception as exc:
+            if os.environ.get("DELTACHECK_DEBUG"):
+                raise
+            print(f"deltacheck {command}: internal error: {type(exc).__name__}: {exc} "
+                  f"(set DELTACHECK_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
+            return EXIT_INTERNAL
+
+    return run
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .markdown import counts_line
+    from .render import write_reports
+
+    written = write_reports(args.run_dir)
+    summary = written.summary
+    print(f"wrote {', '.join(str(p) for p in written.files)}")
+    print(f"{summary['verdict']}: {counts_line(summary).replace('`', '')}")
+    for line in summary["required_failures"]:
+        print(f"  {line}")
+    if written.run.problems:
+        print(f"  {len(written.run.problems)} unusable line(s) of results.jsonl skipped: "
+              + ", ".join(str(p.line) for p in written.run.problems if p.line is not None))
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from .compare import compare_runs, render_comparison
+    from .load import load_run
+
+    old = load_run(args.old)
+    new = load_run(args.new)
+    cmp = compare_runs(old, new, factor=args.factor, floor=args.floor)
+    text = render_comparison(cmp)
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        if out.parent != Path(""):
+            out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n", encoding="utf-8")
+        print(f"wrote {out}", file=sys.stderr)
+    return cmp.exit_status
+
+
+def _factor(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 1.0:
+        raise argparse.ArgumentTypeError(f"must be greater than 1 (2.0 means 'grew more than twofold'), got {text}")
+    return value
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser(
+        "report", help="render summary.json, junit.xml, summary.md and report.html for a run directory",
+        description="Render a run directory's results.jsonl into summary.json (the machine-readable summary), "
+                    "junit.xml (for CI), summary.md and a self-contained report.html with plots. Corrupt lines "
+                    "are reported with their line numbers and skipped.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holding results.jsonl) or a results.jsonl file")
+    p.set_defaults(func=_guarded("report", _report))
+
+    c = subparsers.add_parser(
+        "compare", help="compare two runs: new failures, fixed, worse, better, declined, coverage, versions",
+        description="Match the results of two runs by (case id, backend, check) and list what changed, "
+                    "with the environment and version differences first. Exit status 1 when something regressed "
+                    "(a new failure, a worse error, a newly declined or errored result), 0 otherwise, "
+                    "2 when a run cannot be read.")
+    c.add_argument("old", metavar="OLD", help="the baseline run directory")
+    c.add_argument("new", metavar="NEW", help="the run directory to judge against it")
+    c.add_argument("--factor", type=_factor, default=2.0,
+                   help="how much the relative RMS error must grow (or shrink) to count as worse (better); default 2.0")
+    c.add_argument("--floor", type=_positive, default=1e-9,
+                   help="errors below this count as this, so tiny exact-ish errors are not 'worse'; default 1e-9")
+    c.add_argument("--out", metavar="FILE.md", help="also write the Markdown to this file")
+    c.set_defaults(func=_guarded("compare", _compare))

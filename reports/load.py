@@ -1,0 +1,212 @@
+"""Reading a run directory back: the header, the gate records, the results, the end record, and every
+line that could not be used (with its line number), so a report can render what survived.
+
+Only ``deltacheck.harness.results`` is imported from the harness: the JSONL stream is the whole
+contract between running and reporting.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deltacheck.harness.results import SCHEMA, STATUSES, read_records
+
+RESULTS_FILE = "results.jsonl"
+
+
+class RunInputError(Exception):
+    """A run directory cannot be read at all (missing, empty, or written with another schema).
+
+    The message is one line a person can act on; the CLI prints it and exits with status 2."""
+
+
+@dataclass(frozen=True)
+class InputProblem:
+    """A line of results.jsonl that was skipped, and why."""
+
+    line: int | None  # None: about the file as a whole
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}" if self.line is not None else self.message
+
+
+@dataclass
+class Run:
+    """One run directory, as read from its results.jsonl."""
+
+    directory: Path
+    results_file: Path
+    header: dict[str, Any] = field(default_factory=dict)
+    gates: list[dict[str, Any]] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)
+    end: dict[str, Any] | None = None
+    problems: list[InputProblem] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.end is not None
+
+    @property
+    def env(self) -> dict[str, Any]:
+        env = self.header.get("env")
+        return env if isinstance(env, dict) else {}
+
+    @property
+    def versions(self) -> dict[str, Any]:
+        versions = self.env.get("versions")
+        return versions if isinstance(versions, dict) else {}
+
+    @property
+    def label(self) -> str:
+        """How the run is named in reports: its run id, else its directory name."""
+        return str(self.header.get("run_id") or self.directory.name)
+
+
+def number(value: Any) -> float | None:
+    """A metric as a float, or None when it is missing or not a number (NaN and inf are kept)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def finite(value: Any) -> float | None:
+    """A metric as a finite float, or None."""
+    x = number(value)
+    return x if x is not None and math.isfinite(x) else None
+
+
+# --- what a case id says, without importing deltacheck.cases ---------------------------------------
+# Id grammar (cases/spec.py): <op>-<io>-<layout>-N<n>-<lengths>-H<H>/<HK>/<HV>-K<K>-V<V>-<gate>[-...]
+
+
+def id_fields(case_id: str) -> dict[str, Any]:
+    """op, io dtype, gate profile and longest sequence read from a case id; absent when unreadable."""
+    tokens = case_id.split("-")
+    fields: dict[str, Any] = {}
+    if len(tokens) >= 1 and tokens[0]:
+        fields["op"] = tokens[0]
+    if len(tokens) >= 2:
+        fields["io_dtype"] = tokens[1]
+    if len(tokens) >= 3:
+        fields["layout"] = tokens[2]
+    if len(tokens) >= 5:
+        lengths = tokens[4]
+        try:
+            if lengths.startswith("L"):
+                fields["max_len"] = int(lengths[1:])
+            elif lengths.startswith("T[") and lengths.endswith("]"):
+                items = [int(x) for x in lengths[2:-1].replace(",", "_").split("_") if x]
+                fields["max_len"] = max(items, default=0)
+                fields["tokens"] = sum(items)
+        except ValueError:
+            pass
+    if len(tokens) >= 9:
+        fields["gate"] = tokens[8]
+    return fields
+
+
+def _normalize_result(rec: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    missing = [k for k in ("case", "backend", "check", "status") if not isinstance(rec.get(k), str) or not rec.get(k)]
+    if missing:
+        return None, f"result record without {', '.join(missing)}"
+    if rec["status"] not in STATUSES:
+        return None, f"result status {rec['status']!r} is not one of {', '.join(STATUSES)}"
+    out = dict(rec)
+    metrics = out.get("metrics")
+    out["metrics"] = metrics if isinstance(metrics, dict) else {}
+    derived = id_fields(out["case"])
+    for key in ("op", "io_dtype", "layout", "gate"):
+        if not out.get(key):
+            out[key] = derived.get(key, "?")
+    for key in ("max_len", "tokens"):
+        if not isinstance(out.get(key), int) or out.get(key) <= 0:
+            out[key] = derived.get(key, 0)
+    for key in ("reason", "repro", "tier"):
+        if not isinstance(out.get(key), str):
+            out[key] = "" if out.get(key) is None else str(out.get(key))
+    out["seconds"] = finite(out.get("seconds")) or 0.0
+    return out, ""
+
+
+def load_run(path: str | Path, *, warn: bool = True) -> Run:
+    """Read a run directory (or a results.jsonl file directly).
+
+    Corrupt or unusable lines are skipped and kept in ``Run.problems``; with ``warn`` each is also
+    printed to stderr as it is found. Raises ``RunInputError`` when nothing can be rendered."""
+    path = Path(path)
+    if path.is_file():
+        directory, results_file = path.parent, path
+    elif path.is_dir():
+        directory, results_file = path, path / RESULTS_FILE
+        if not results_file.is_file():
+            raise RunInputError(f"{path} is not a run directory: it has no {RESULTS_FILE}")
+    else:
+        raise RunInputError(f"no run directory at {path}")
+
+    run = Run(directory=directory, results_file=results_file)
+
+    def problem(line: int | None, message: str) -> None:
+        run.problems.append(InputProblem(line, message))
+        if warn:
+            where = f"{results_file} line {line}" if line is not None else str(results_file)
+            print(f"warning: {where}: {message}" + ("; skipped" if line is not None else ""), file=sys.stderr)
+
+    seen_any = False
+    try:
+        for lineno, rec, error in read_records(results_file):
+            if rec is None:
+                problem(lineno, error)
+                continue
+            seen_any = True
+            kind = rec.get("kind")
+            if kind == "run":
+                if "schema" not in rec:
+                    raise RunInputError(f"{results_file} line {lineno}: the run header has no schema field; "
+                                        f"this deltacheck reads schema {SCHEMA}")
+                if rec.get("schema") != SCHEMA:
+                    raise RunInputError(f"{results_file} line {lineno}: written with results schema "
+                                        f"{rec.get('schema')!r}, this deltacheck reads schema {SCHEMA}; "
+                                        f"render it with the deltacheck version that wrote it")
+                if run.header:
+                    problem(lineno, "a second run header (the file was appended to by another run); "
+                                    "keeping the first header")
+                    continue
+                run.header = rec
+            elif kind == "gate":
+                if not rec.get("backend") or not rec.get("op"):
+                    problem(lineno, "gate record without backend or op")
+                    continue
+                run.gates.append(rec)
+            elif kind == "result":
+                result, why = _normalize_result(rec)
+                if result is None:
+                    problem(lineno, why)
+                    continue
+                result["line"] = lineno
+                run.results.append(result)
+            elif kind == "end":
+                run.end = rec
+            else:
+                problem(lineno, f"unknown record kind {kind!r}")
+    except UnicodeDecodeError as exc:
+        raise RunInputError(f"{results_file} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise RunInputError(f"cannot read {results_file}: {exc.strerror or exc}") from None
+
+    if not seen_any:
+        raise RunInputError(f"{results_file} holds no readable deltacheck records")
+    if not run.header:
+        problem(None, "no run header: environment, versions and commit are unknown")
+    return run

@@ -1,0 +1,150 @@
+"""``summary.md``: the run summary a person reads first (also what a CI job summary can show)."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable
+from typing import Any
+
+from .summary import fmt_err, fmt_headroom, short_env
+
+MAX_FAILURES_LISTED = 40
+
+
+def cell(text: Any) -> str:
+    """Text made safe for one Markdown table cell."""
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ").strip()
+
+
+def code(text: Any) -> str:
+    text = str(text).replace("\n", " ")
+    fence = "``" if "`" in text else "`"
+    return f"{fence}{text}{fence}" if text else ""
+
+
+def table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> list[str]:
+    header = list(header)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def counts_line(summary: dict[str, Any]) -> str:
+    c = summary["counts"]
+    text = f"{c['total']} results: {c['pass']} pass, {c['fail']} fail, {c['skip']} skip, {c['error']} error"
+    worst = summary.get("worst_headroom")
+    if worst:
+        text += (f"; worst headroom {fmt_headroom(worst['headroom'])} "
+                 f"({worst['backend']} {worst['check']}, {code(worst['case'])})")
+    return text
+
+
+def render_markdown(summary: dict[str, Any]) -> str:
+    run = summary["run"]
+    out: list[str] = [f"# deltacheck run {run.get('run_id') or run['directory']}: {summary['verdict']}", ""]
+
+    if summary["required_failures"]:
+        derived = " (derived from the gate records: the run has no end record)" \
+            if summary.get("required_failures_derived") else ""
+        out.append(f"**Required backend × op pairs failed{derived}:**")
+        out.append("")
+        out += [f"- **{cell(line)}**" for line in summary["required_failures"]]
+        out.append("")
+
+    out.append(counts_line(summary))
+    out.append("")
+    if not run["complete"]:
+        out += [("**The run did not finish** (results.jsonl has no end record; it may have crashed): "
+                 "everything below covers only the results that were written."), ""]
+    if summary["input_problems"]:
+        n = len(summary["input_problems"])
+        out += [(f"**{n} unusable line{'s' if n != 1 else ''} in results.jsonl** {'were' if n != 1 else 'was'} "
+                 f"skipped (listed under *Input problems* at the end)."), ""]
+
+    facts = []
+    if run.get("started"):
+        facts.append(f"started {run['started']}")
+    if run.get("finished"):
+        facts.append(f"finished {run['finished']}")
+    if run.get("commit"):
+        facts.append(f"commit {str(run['commit'])[:12]}{' (dirty)' if run.get('dirty') else ''}")
+    if isinstance(run.get("argv"), list) and run["argv"]:
+        facts.append(code(shlex.join(str(a) for a in run["argv"])))
+    if facts:
+        out += [" · ".join(facts), ""]
+    env = summary["environment"]
+    env_rows = short_env(env)
+    if env_rows:
+        out.append("Environment: " + " · ".join(f"{name}{':' if name == 'not installed' else ''} {value}" for name, value in env_rows)
+                   + (f" · fingerprint `{env['fingerprint']}`" if env.get("fingerprint") else ""))
+        out.append("")
+
+    out += ["## Results by op × backend × dtype × check", ""]
+    if summary["groups"]:
+        out += table(
+            ["op", "backend", "dtype", "check", "cases", "pass", "fail", "skip", "error",
+             "worst rel RMS", "worst headroom", "worst headroom case"],
+            [[g["op"], g["backend"], g["io_dtype"], g["check"], g["cases"], g["pass"],
+              f"**{g['fail']}**" if g["fail"] else 0, g["skip"], f"**{g['error']}**" if g["error"] else 0,
+              fmt_err(g["worst_rel_rms"]), fmt_headroom(g["worst_headroom"]),
+              code(g["worst_headroom_case"] or "")] for g in summary["groups"]],
+        )
+    else:
+        out.append("No results were recorded.")
+    out.append("")
+
+    failures = summary["failures"]
+    if failures:
+        out += [f"## Failures and errors ({len(failures)})", ""]
+        for f in failures[:MAX_FAILURES_LISTED]:
+            out.append(f"- **{f['status']}** {f['backend']} · {f['check']} · {code(f['case'])}")
+            out.append(f"  - {cell(f['reason'])}")
+            m = f["metrics"]
+            bits = []
+            if "rel_rms" in m:
+                bits.append(f"rel RMS {fmt_err(m['rel_rms'])}"
+                            + (f" (limit {fmt_err(m['threshold'])})" if "threshold" in m else ""))
+            if "headroom" in m:
+                bits.append(f"headroom {fmt_headroom(m['headroom'])}")
+            if "max_abs" in m:
+                bits.append(f"max abs {fmt_err(m['max_abs'])}")
+            for key, label in (("nan", "NaN"), ("inf", "Inf")):
+                if m.get(key):
+                    bits.append(f"{m[key]} {label}")
+            for key, label in (("first_bad_token", "first bad token"), ("worst_head", "worst head"),
+                               ("worst_seq", "worst sequence")):
+                if key in m:
+                    bits.append(f"{label} {m[key]}")
+            if bits:
+                out.append("  - " + ", ".join(bits))
+            out.append(f"  - repro: {code(f['repro'])}")
+        if len(failures) > MAX_FAILURES_LISTED:
+            out.append(f"- … and {len(failures) - MAX_FAILURES_LISTED} more (all are in summary.json and junit.xml)")
+        out.append("")
+
+    skips = summary["skip_reasons"]
+    if skips:
+        total = sum(s["count"] for s in skips)
+        out += [f"## Skipped ({total}), by reason", ""]
+        out += table(["count", "reason", "backend:op"],
+                     [[s["count"], s["reason"], ", ".join(s["pairs"])] for s in skips])
+        out.append("")
+
+    out += ["## Gate: which backend × op pairs can run here", ""]
+    if summary["gates"]:
+        out += table(
+            ["backend", "op", "available", "required", "reason / notes"],
+            [[g["backend"], g["op"], "yes" if g["runnable"] else "**no**",
+              ("**required**" if not g["runnable"] else "required") if g["required"] else "no",
+              "; ".join(x for x in [g["reason"], *g["notes"]] if x)] for g in summary["gates"]],
+        )
+    else:
+        out.append("The run recorded no gate records.")
+    out.append("")
+
+    if summary["input_problems"]:
+        out += ["## Input problems (skipped lines of results.jsonl)", ""]
+        out += [f"- {'line ' + str(p['line']) + ': ' if p['line'] is not None else ''}{cell(p['message'])}"
+                for p in summary["input_problems"]]
+        out.append("")
+    return "\n".join(out)

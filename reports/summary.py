@@ -1,0 +1,230 @@
+"""The summary of one run: the JSON every other format is rendered from (``summary.json``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shlex
+from collections import Counter
+from typing import Any
+
+from .load import Run, finite, number
+
+SUMMARY_SCHEMA = "deltacheck-summary/1"
+STATUS_ORDER = ("pass", "fail", "skip", "error")
+CHECK_ORDER = ("forward", "state", "continuation_ref", "continuation_self", "grad_", "determinism",
+               "batch_invariance", "unwritten_output", "input_bounds")
+FINGERPRINT_FIELDS = ("cuda", "device_name", "capability", "python", "versions")
+
+
+def check_sort_key(check: str) -> tuple[int, str]:
+    for i, prefix in enumerate(CHECK_ORDER):
+        if check == prefix or (prefix.endswith("_") and check.startswith(prefix)):
+            return i, check
+    return len(CHECK_ORDER), check
+
+
+def badness(value: Any) -> float:
+    """Sort key where larger is worse: NaN (a metric that blew up) is the worst of all."""
+    x = number(value)
+    if x is None:
+        return -math.inf
+    return math.inf if math.isnan(x) else x
+
+
+def fingerprint(env: dict[str, Any]) -> str:
+    """A short hash of what makes two environments numerically comparable (the host name is left out)."""
+    picked = {k: env.get(k) for k in FINGERPRINT_FIELDS}
+    return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def repro_command(result: dict[str, Any]) -> str:
+    """The result's own repro command, else one built from its case id."""
+    if result.get("repro"):
+        return result["repro"]
+    return (f"deltacheck run --backend {shlex.quote(result['backend'])} --op {shlex.quote(result['op'])} "
+            f"-k {shlex.quote(result['case'])}")
+
+
+def _pair(result_or_gate: dict[str, Any]) -> tuple[str, str]:
+    return str(result_or_gate.get("backend")), str(result_or_gate.get("op"))
+
+
+def required_failures(run: Run) -> tuple[list[str], bool]:
+    """(lines, derived): the end record's list, or, for a run without one, lines derived from the gate
+    records and the results (a required pair that cannot run, or that executed zero cases)."""
+    if run.end is not None and isinstance(run.end.get("required_failures"), list):
+        return [str(x) for x in run.end["required_failures"]], False
+    executed = Counter(_pair(r) for r in run.results if r["status"] in ("pass", "fail"))
+    lines = []
+    for gate in run.gates:
+        if not gate.get("required"):
+            continue
+        backend, op = _pair(gate)
+        if not gate.get("runnable"):
+            lines.append(f"REQUIRED {backend}:{op} cannot run: {gate.get('reason') or 'no reason given'}")
+        elif executed[(backend, op)] == 0:
+            lines.append(f"REQUIRED {backend}:{op} executed zero cases")
+    return lines, True
+
+
+def _metrics_brief(result: dict[str, Any]) -> dict[str, Any]:
+    m = result["metrics"]
+    return {k: m.get(k) for k in ("rel_rms", "max_abs", "headroom", "threshold", "first_bad_token",
+                                  "worst_head", "worst_seq", "nan", "inf") if m.get(k) is not None}
+
+
+def summarize(run: Run) -> dict[str, Any]:
+    results = run.results
+    counts = Counter(r["status"] for r in results)
+
+    groups: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    for r in results:
+        key = (r["op"], r["backend"], r["io_dtype"], r["check"])
+        g = groups.setdefault(key, {
+            "op": key[0], "backend": key[1], "io_dtype": key[2], "check": key[3], "cases": 0,
+            **{s: 0 for s in STATUS_ORDER},
+            "worst_rel_rms": None, "worst_rel_rms_case": None, "worst_headroom": None, "worst_headroom_case": None,
+        })
+        g["cases"] += 1
+        g[r["status"]] += 1
+        rel, head = number(r["metrics"].get("rel_rms")), number(r["metrics"].get("headroom"))
+        if rel is not None and badness(rel) > badness(g["worst_rel_rms"]):
+            g["worst_rel_rms"], g["worst_rel_rms_case"] = rel, r["case"]
+        if head is not None and badness(head) > badness(g["worst_headroom"]):
+            g["worst_headroom"], g["worst_headroom_case"] = head, r["case"]
+    group_list = [groups[k] for k in sorted(groups, key=lambda k: (k[0], k[1], k[2], check_sort_key(k[3])))]
+
+    skip_reasons: dict[str, dict[str, Any]] = {}
+    for r in results:
+        if r["status"] != "skip":
+            continue
+        entry = skip_reasons.setdefault(r["reason"], {"reason": r["reason"], "count": 0, "pairs": set()})
+        entry["count"] += 1
+        entry["pairs"].add(f"{r['backend']}:{r['op']}")
+    skip_list = sorted(skip_reasons.values(), key=lambda e: (-e["count"], e["reason"]))
+    for e in skip_list:
+        e["pairs"] = sorted(e["pairs"])
+
+    problems = [r for r in results if r["status"] in ("fail", "error")]
+    problems.sort(key=lambda r: (r["status"] != "fail", -badness(r["metrics"].get("headroom")), r["case"]))
+    failures = [{
+        "case": r["case"], "backend": r["backend"], "op": r["op"], "check": r["check"], "status": r["status"],
+        "reason": r["reason"], "metrics": _metrics_brief(r), "repro": repro_command(r),
+    } for r in problems]
+
+    gates = [{
+        "backend": g.get("backend"), "op": g.get("op"), "runnable": bool(g.get("runnable")),
+        "required": bool(g.get("required")), "reason": g.get("reason") or "",
+        "notes": [str(n) for n in g.get("notes") or []],
+    } for g in run.gates]
+    gates.sort(key=lambda g: (str(g["backend"]), str(g["op"])))
+
+    req_lines, req_derived = required_failures(run)
+    end = run.end or {}
+    exit_status = end.get("exit_status")
+    failed = bool(counts["fail"] or counts["error"] or req_lines or (isinstance(exit_status, int) and exit_status))
+    if failed:
+        verdict = "FAILED"
+    elif run.end is None:
+        verdict = "INCOMPLETE"
+    elif not (counts["pass"] or counts["fail"]):
+        verdict = "NOTHING RAN"  # no results, or every one declined: a green run that verified nothing
+    else:
+        verdict = "PASSED"
+
+    heads = [(number(r["metrics"].get("headroom")), r["case"], r["backend"], r["check"]) for r in results]
+    heads = [h for h in heads if h[0] is not None]
+    worst = max(heads, key=lambda h: badness(h[0]), default=None)
+
+    env = run.env
+    return {
+        "schema": SUMMARY_SCHEMA,
+        "run": {
+            "directory": str(run.directory),
+            "run_id": run.header.get("run_id"),
+            "started": run.header.get("started"),
+            "finished": end.get("finished"),
+            "complete": run.end is not None,
+            "argv": run.header.get("argv"),
+            "commit": run.header.get("commit"),
+            "dirty": run.header.get("dirty"),
+        },
+        "environment": {**env, "fingerprint": fingerprint(env) if env else None},
+        "verdict": verdict,
+        "exit_status": exit_status,
+        "counts": {"total": len(results), **{s: counts[s] for s in STATUS_ORDER}},
+        "end_counts": end.get("counts"),
+        "required_failures": req_lines,
+        "required_failures_derived": req_derived,
+        "worst_headroom": ({"headroom": worst[0], "case": worst[1], "backend": worst[2], "check": worst[3]}
+                           if worst else None),
+        "gates": gates,
+        "groups": group_list,
+        "skip_reasons": skip_list,
+        "failures": failures,
+        "input_problems": [{"line": p.line, "message": p.message} for p in run.problems],
+    }
+
+
+def to_json(summary: dict[str, Any]) -> str:
+    """JSON text; NaN/inf metrics become strings so strict JSON readers accept the file."""
+    def clean(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return str(x)
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+    return json.dumps(clean(summary), indent=2, sort_keys=False, default=str) + "\n"
+
+
+# --- number formatting shared by the Markdown, HTML and compare renderers ---------------------------
+
+def fmt_err(x: Any) -> str:
+    v = number(x)
+    if v is None:
+        return "–"
+    return f"{v:.2e}" if math.isfinite(v) and v != 0 else ("0" if v == 0 else str(v))
+
+
+def fmt_headroom(x: Any) -> str:
+    v = number(x)
+    if v is None:
+        return "–"
+    return f"{v:.2f}" if math.isfinite(v) else str(v)
+
+
+def short_env(env: dict[str, Any]) -> list[tuple[str, str]]:
+    """(name, value) rows describing an environment, versions first-class."""
+    rows = []
+    if env.get("device_name") or env.get("cuda") is not None:
+        cap = env.get("capability")
+        cap_text = f" (SM{cap[0]}{cap[1]})" if isinstance(cap, (list, tuple)) and len(cap) == 2 else ""
+        rows.append(("device", f"{env.get('device_name') or ('no CUDA device' if not env.get('cuda') else '?')}{cap_text}"))
+    versions = env.get("versions") if isinstance(env.get("versions"), dict) else {}
+    rows += [(name, str(versions[name])) for name in sorted(versions) if versions[name] is not None]
+    missing = sorted(name for name in versions if versions[name] is None)
+    if missing:
+        rows.append(("not installed", ", ".join(missing)))
+    for name in ("python", "host"):
+        if env.get(name):
+            rows.append((name, str(env[name])))
+    return rows
+
+
+__all__ = [
+    "SUMMARY_SCHEMA",
+    "badness",
+    "check_sort_key",
+    "fingerprint",
+    "finite",
+    "fmt_err",
+    "fmt_headroom",
+    "repro_command",
+    "short_env",
+    "summarize",
+    "to_json",
+]
