@@ -1,0 +1,256 @@
+"""The chunked reference against the token oracle (issue 3): exact in fp64, close in fp32, finite at
+extreme gates, for every op and flag, forward and every gradient."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import zlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from deltacheck import reference as R
+from deltacheck.reference import chunked as chunked_mod
+from deltacheck.reference import layouts
+from deltacheck.reference.chunked import chunked_gdn2
+from deltacheck.reference.oracle import token_oracle
+
+F64 = torch.float64
+CHUNK = 8
+TOL64 = 1e-12
+TOL32 = 1e-5
+REPO = Path(__file__).resolve().parents[1]
+
+
+def rel_rms(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """``sqrt(mean((a-ref)^2)) / sqrt(mean(ref^2))`` in fp64 (absolute when ref is all zero)."""
+    a, ref = a.detach().to(F64), ref.detach().to(F64)
+    num = (a - ref).pow(2).mean().sqrt()
+    den = ref.pow(2).mean().sqrt()
+    return float(num / den) if den > 0 else float(num)
+
+
+def worst(got: dict, ref: dict) -> tuple[float, str]:
+    """Worst rel RMS over matching entries, and its name; non-finite counts as infinitely bad."""
+    assert got.keys() == ref.keys()
+    errs = {n: (rel_rms(got[n], ref[n]) if torch.isfinite(got[n]).all() else math.inf) for n in ref}
+    name = max(errs, key=errs.get)
+    return errs[name], name
+
+
+# --- inputs --------------------------------------------------------------------------------------
+
+PROFILES = ("mild", "steep", "extreme")
+
+# Each flag set names a few features at once; every set runs on every op, profile and length.
+FLAGSETS = {
+    "plain": {},
+    "h0": {"h0": True},
+    "l2norm": {"use_qk_l2norm_in_kernel": True, "h0": True},
+    "sigmoid": {"use_beta_sigmoid_in_kernel": True, "h0": True},
+    "negeig": {"use_beta_sigmoid_in_kernel": True, "allow_neg_eigval": True, "use_qk_l2norm_in_kernel": True},
+    "linear": {"gate_domain": "linear", "h0": True},
+    "safe": {"safe_gate": True, "a_log": True, "dt_bias": True, "h0": True},
+    "scale": {"scale": 0.37, "h0": True},
+    "gqa": {"heads": (4, 2, 2), "h0": True},
+    "gva": {"heads": (2, 2, 4), "h0": True},
+    "ragged": {"ragged": True, "h0": True},
+    "bshd": {"layout": "bshd", "h0": True},
+    "sbhd": {"layout": "sbhd"},
+    "bhsd": {"layout": "bhsd", "h0": True},
+}
+
+
+def log_gate(shape, profile, gen):
+    u = torch.rand(*shape, generator=gen, dtype=F64)
+    if profile == "mild":
+        return torch.log(0.5 + 0.5 * u)
+    g = -(u * 4.9 + 0.1)
+    if profile == "extreme":
+        # -1000 on whole tokens and on single channels
+        tok = torch.rand(shape[0], generator=gen) < 0.2
+        g[tok] = -1000.0
+        g[torch.rand(*shape, generator=gen) < 0.15] = -1000.0
+    return g
+
+
+def build(op, flagset, profile, L, seed=0, K=4, V=3):
+    """Public-API call arguments: ``(args, kwargs, leaves)`` with every tensor input a leaf."""
+    f = dict(FLAGSETS[flagset])
+    gen = torch.Generator().manual_seed(seed)
+    H, HK, HV = f.pop("heads", (2, 2, 2))
+    HO = max(H, HV)
+    layout = f.pop("layout", "thd")
+    ragged = f.pop("ragged", False)
+    lengths = [0, L, 1, max(L - 1, 0)] if ragged else [L, L]
+    N, T = len(lengths), sum(lengths)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=F64)  # noqa: E731
+    x = {"q": r(T, H, K), "k": r(T, HK, K) / math.sqrt(K), "v": r(T, HV, V)}
+    gshape = (T, HO) if op == "gdn" else (T, HO, K)
+    g = log_gate(gshape, profile, gen)
+    if f.get("gate_domain") == "linear":
+        g = g.exp()
+    elif f.get("safe_gate"):
+        g = -g - 1.0 if op == "gdn" else r(*gshape) * 3  # gdn: softplus of a large argument -> steep decay
+    x["g"] = g
+    bshape = (T, HO, K) if op == "gdn2" else (T, HO)
+    x["beta"] = r(*bshape) if f.get("use_beta_sigmoid_in_kernel") else torch.rand(*bshape, generator=gen, dtype=F64)
+    if op == "gdn2":
+        x["w"] = torch.rand(T, HO, V, generator=gen, dtype=F64)
+    kw = {}
+    if f.pop("a_log", False):
+        kw["a_log"] = 0.3 * r(HO)
+    if f.pop("dt_bias", False):
+        kw["dt_bias"] = r(HO) if op == "gdn" else r(HO, K)
+    if f.pop("h0", False):
+        kw["initial_state"] = r(N, HO, V, K)
+    if ragged:
+        kw["cu_seqlens"] = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    elif layout != "thd":
+        x = {n: layouts.from_thd(t, layout, N) for n, t in x.items()}
+        kw["layout"] = layout
+    else:
+        kw["cu_seqlens"] = layouts.dense_cu_seqlens(N, L)
+    kw.update(f)
+    leaves = {n: t.requires_grad_() for n, t in {**x, **kw}.items() if isinstance(t, torch.Tensor) and t.is_floating_point()}
+    return op, x, kw, leaves
+
+
+def run(built, method, compute_dtype=F64, chunk_size=CHUNK, seed=99):
+    """Output, final state and every input gradient of a weighted loss, as a dict of fp64-comparable tensors."""
+    op, x, kw, leaves = built
+    args = [x["q"], x["k"], x["v"], x["g"], x["beta"]] + ([x["w"]] if op == "gdn2" else [])
+    out, st = getattr(R, op)(
+        *args, **kw, output_final_state=True, method=method, compute_dtype=compute_dtype, chunk_size=chunk_size
+    )
+    gen = torch.Generator().manual_seed(seed)
+    wo = torch.randn(out.shape, generator=gen, dtype=F64).to(out.dtype)
+    ws = torch.randn(st.shape, generator=gen, dtype=F64).to(st.dtype)
+    loss = (out * wo).sum() + (st * ws).sum()
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    return {"out": out.detach(), "state": st.detach(), **{f"d{n}": g for n, g in zip(leaves, grads)}}
+
+
+# --- fp64 exact, fp32 close, finite -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("L", [CHUNK - 1, CHUNK, CHUNK + 1])
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("flagset", list(FLAGSETS))
+@pytest.mark.parametrize("op", ["gdn", "kda", "gdn2"])
+def test_chunked_matches_oracle(op, flagset, profile, L):
+    built = build(op, flagset, profile, L, seed=zlib.crc32(f"{op}-{flagset}-{profile}-{L}".encode()) % 1000)
+    ref = run(built, "oracle")
+    assert all(torch.isfinite(t).all() for t in ref.values())
+    err64, name64 = worst(run(built, "chunked"), ref)
+    assert err64 <= TOL64, f"fp64 chunked vs oracle: {name64} rel RMS {err64:.2e}"
+    err32, name32 = worst(run(built, "chunked", compute_dtype=torch.float32), ref)
+    assert err32 <= TOL32, f"fp32 chunked vs fp64 oracle: {name32} rel RMS {err32:.2e}"
+
+
+@pytest.mark.parametrize("chunk_size,L,K,V", [(16, 33, 16, 16), (64, 130, 8, 12), (1, 5, 4, 3), (3, 11, 4, 3)])
+def test_larger_chunks_and_odd_chunk_sizes(chunk_size, L, K, V):
+    built = build("gdn2", "h0", "extreme", L, seed=3, K=K, V=V)
+    ref = run(built, "oracle")
+    err, name = worst(run(built, "chunked", chunk_size=chunk_size), ref)
+    assert err <= TOL64, f"{name}: {err:.2e}"
+    err, name = worst(run(built, "chunked", compute_dtype=torch.float32, chunk_size=chunk_size), ref)
+    assert err <= TOL32, f"{name}: {err:.2e}"
+
+
+# --- the core directly: infinite decay, segments, dtypes ---------------------------------------------
+
+
+def core_inputs(N=2, L=21, H=2, K=8, V=5, kg=8, seed=0, inf=True):
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=F64)  # noqa: E731
+    u = lambda *s: torch.rand(*s, generator=gen, dtype=F64)  # noqa: E731
+    k = torch.nn.functional.normalize(r(N, L, H, K), dim=-1)
+    g = -(u(N, L, H, kg) * 4.9 + 0.1)
+    if inf:
+        g[u(N, L, H, kg) < 0.15] = -math.inf
+        g[u(N, L, H, kg) < 0.15] = -1e30
+    return [r(N, L, H, K), k, r(N, L, H, V), g, 2 * u(N, L, H, K), u(N, L, H, V), r(N, H, K, V)]
+
+
+def core_run(fn, ins, dtype=F64, **kw):
+    leaves = [t.to(dtype).requires_grad_() for t in ins]
+    o, s = fn(*leaves, 0.5, **kw)
+    gen = torch.Generator().manual_seed(1)
+    loss = (o * torch.randn(o.shape, generator=gen, dtype=F64).to(dtype)).sum()
+    loss = loss + (s * torch.randn(s.shape, generator=gen, dtype=F64).to(dtype)).sum()
+    names = ["dq", "dk", "dv", "dg", "db", "dw", "dh0"]
+    return {"out": o, "state": s, **dict(zip(names, torch.autograd.grad(loss, leaves)))}
+
+
+@pytest.mark.parametrize("kg", [1, 8])
+def test_infinite_decay_is_finite_and_exact(kg):
+    ins = core_inputs(kg=kg)
+    ref = core_run(token_oracle, ins)
+    assert all(torch.isfinite(t).all() for t in ref.values())
+    err, name = worst(core_run(chunked_gdn2, ins, chunk_size=8), ref)
+    assert err <= TOL64, f"{name}: {err:.2e}"
+    err, name = worst(core_run(chunked_gdn2, ins, dtype=torch.float32, chunk_size=8), ref)
+    assert err <= TOL32, f"{name}: {err:.2e}"
+
+
+@pytest.mark.parametrize("kw", [{"segment_tokens": 8}, {"segment_tokens": 16, "use_checkpoint": False}, {}])
+def test_segments_and_checkpointing_change_nothing(kw):
+    ins = core_inputs(L=37, inf=False)
+    ref = core_run(chunked_gdn2, ins, chunk_size=8, segment_tokens=1 << 20, use_checkpoint=False)
+    got = core_run(chunked_gdn2, ins, chunk_size=8, **kw)
+    err, name = worst(got, ref)
+    assert err <= 1e-14, f"{name}: {err:.2e}"
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 3e-2), (torch.float16, 5e-3)])
+def test_half_precision_baseline_runs_in_its_dtype(dtype, tol):
+    ins = core_inputs(L=19)
+    ref = core_run(token_oracle, ins)
+    got = core_run(chunked_gdn2, ins, dtype=dtype, chunk_size=8)
+    assert got["out"].dtype == dtype and got["state"].dtype == dtype
+    err, name = worst(got, ref)
+    assert err <= tol, f"{name}: {err:.2e}"
+
+
+def test_empty_and_single_token():
+    ins = core_inputs(L=1)
+    err, name = worst(core_run(chunked_gdn2, ins), core_run(token_oracle, ins))
+    assert err <= TOL64, f"{name}: {err:.2e}"
+    empty = [t[:, :0] if t.dim() == 4 and i < 6 else t for i, t in enumerate(ins)]
+    o, s = chunked_gdn2(*empty, 0.5)
+    assert o.shape == (2, 0, 2, 5) and torch.equal(s, ins[6])
+
+
+# --- the comparison can fail --------------------------------------------------------------------------
+
+
+def test_a_broken_core_is_caught(monkeypatch):
+    """Drop the decay of the last token in every chunk: the same comparison must flag it."""
+    real = chunked_mod.chunked_gdn2
+
+    def broken(q, k, v, g, b, w, h0, scale, **kw):
+        g = g.clone()
+        g[:, CHUNK - 1 :: CHUNK] = 0.0
+        return real(q, k, v, g, b, w, h0, scale, **kw)
+
+    built = build("kda", "h0", "steep", CHUNK + 1, seed=5)
+    ref = run(built, "oracle")
+    monkeypatch.setattr(chunked_mod, "chunked_gdn2", broken)
+    err, _ = worst(run(built, "chunked"), ref)
+    assert err > 1e-3
+
+
+# --- the benchmark script runs end to end -------------------------------------------------------------
+
+
+def test_bench_quick_runs():
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "chunked.py"), "--quick", "--device", "cpu"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "chunked fp64 fwd" in proc.stdout
