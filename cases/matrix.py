@@ -283,6 +283,15 @@ _L0_PINNED = (
     "gdn2-bf16-thd-N4-T[0_1_64_65]-H2/2/2-K64-V64-typical-h0-cont[1_64]-bwd",
     # Extreme gates on a ragged batch (FLA's KDA varlen test injects -1000 the same way).
     "kda-fp16-thd-N5-T[65_0_1_200_3]-H4/4/4-K128-V64-extreme-l2norm-h0-cont[64]-bwd",
+    # cuDNN's Hopper (SM90) KDA engines serve only bf16, K = V = 128, the default scale (and equal
+    # heads for the backward): pairwise generation lands few cases there, so L0 pins some, or an H200
+    # lane would exercise that engine on almost nothing.
+    "kda-bf16-thd-N4-T[0_1_64_200]-H2/2/2-K128-V128-steep-l2norm-h0-cont[64]-bwd",
+    "kda-bf16-bshd-N2-L130-H4/4/4-K128-V128-typical-sigmoid-bwd",
+    "kda-bf16-thd-N3-T[65_1_129]-H2/2/2-K128-V128-extreme-l2norm-sigmoid-safegate-alog-dtbias-h0-bwd",
+    "kda-bf16-sbhd-N2-L64-H2/2/4-K128-V128-mild-h0-cont[33]",
+    "kda-bf16-thd-N2-T[300_257]-H2/2/2-K128-V128-zero-state_bf16-l2norm-h0-bwd",
+    "kda-bf16-bhsd-N1-L256-H4/2/2-K128-V128-typical-l2norm-cont[128]",
 )
 
 # L0: every pair, plus these triples, so each op meets every layout x dtype, every gate profile in

@@ -2,8 +2,9 @@
 
 A backend is anything with ``name``, ``ops``, ``check(case, env) -> Verdict`` and
 ``run(case, inputs) -> (out, final_state)``. The adapter owns every conversion (layouts, state
-orientation, dtypes); the harness owns every comparison. ``final_state`` is always float32 key-major
-``[N, HO, K, V]``; ``out`` is in the case's own layout, in whatever dtype the kernel produced.
+orientation, dtypes); the harness owns every comparison. ``final_state`` is key-major ``[N, HO, K, V]``
+in float32 or wider (fused adapters widen a bf16/fp16 state to fp32; the reference backends return their
+compute dtype); ``out`` is in the case's own layout, in whatever dtype the kernel produced.
 """
 
 from __future__ import annotations

@@ -69,8 +69,8 @@ class ReferenceBackend:
             return "chunked", ()
         if self.same_precision:
             # The baseline's point is the io-dtype arithmetic, which the oracle can supply too.
-            return "oracle", (f"baseline: chunked reference unavailable ({error}); used method='oracle' "
-                              "in the io dtype instead",)
+            note = f"baseline: chunked reference unavailable ({error}); used method='oracle' in the io dtype instead"
+            return "oracle", (note,)
         return "", (error,)
 
     def check(self, case, env) -> Verdict:

@@ -1,0 +1,298 @@
+"""cuDNN frontend adapter: ``cudnn.linear_attention.{gated_delta_net, kimi_delta_attention, gated_delta_net_v2}``.
+
+What this file does, in the order a call goes through it:
+
+1. Pack the case's tensors to cuDNN's only layout, THD (``[T, heads, dim]`` + int32 ``cu_seqlens``),
+   the way a framework would: a dense batch goes to bshd and is reshaped ``[N*L, H, D]`` with
+   ``cu_seqlens = [0, L, 2L, ...]``.
+2. Give every tensor a dtype the op accepts (FE 1.32 ``check_dtype`` rules). The case inputs already
+   conform; anything that does not is converted *and the conversion is recorded* in ``Verdict.notes``.
+3. Map every Case flag to its keyword (``gate_lower_bound`` by keyword: its position differs between
+   KDA and GDN2). ``output_final_state=True`` always.
+4. Unpack ``o [T, HO, V]`` to the case's layout; turn the state from cuDNN's value-major
+   ``[N, HO, V, K]`` into the harness's key-major ``[N, HO, K, V]`` (float32 or wider).
+
+``check`` asks the library itself whether it can serve a case: it calls the op on a one-token version
+of the case (and runs its backward when the case needs it) and turns ``cudnnGraphNotSupportedError`` —
+whose message lists every engine's reason — into a decline. Decisions are cached per configuration.
+
+Importing this module never imports cuDNN: that happens on the first ``check``/``run``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch
+
+from .. import gate
+from .base import Verdict, register
+
+INSTALL_HINT = "nvidia-cudnn-frontend is not installed (pip install 'deltacheck[cudnn]')"
+PLAN_ENV = "DELTACHECK_CUDNN_PLAN"
+
+# op -> the cudnn.linear_attention entry point that serves it.
+ENTRY_POINTS = {
+    "gdn": "gated_delta_net",
+    "kda": "kimi_delta_attention",
+    "gdn2": "gated_delta_net_v2",
+}
+
+_F32, _BF16, _F16 = torch.float32, torch.bfloat16, torch.float16
+
+
+def _accepted_dtypes(op: str, name: str, io: torch.dtype) -> tuple[torch.dtype, ...]:
+    """The dtypes FE 1.32 accepts for one argument (ops/{gdn,kda,gdn2}.py ``check_dtype`` calls).
+
+    q/k/v are not listed: their dtype *is* the case (an fp32-io case is for the engines to decline).
+    """
+    if name in ("g", "a_log", "dt_bias", "initial_state"):
+        return (_F32, _BF16, _F16)
+    if name == "beta":
+        return (io,) if op == "gdn2" else (_F32, io)
+    if name == "w":
+        return (io,)
+    raise KeyError(name)
+
+
+def _to_thd(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """Case layout -> packed ``[N*L, heads, *feat]``: move to bshd, then flatten batch and sequence."""
+    if layout == "thd":
+        return x.contiguous()
+    if layout == "sbhd":
+        x = x.transpose(0, 1)
+    elif layout == "bhsd":
+        x = x.transpose(1, 2)
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()
+
+
+def _from_thd(o: torch.Tensor, layout: str, n_seqs: int) -> torch.Tensor:
+    """Packed ``[N*L, HO, V]`` -> the case's layout (inverse of ``_to_thd``)."""
+    if layout == "thd":
+        return o
+    o = o.reshape(n_seqs, o.shape[0] // n_seqs, *o.shape[1:])  # bshd
+    if layout == "sbhd":
+        return o.transpose(0, 1)
+    if layout == "bhsd":
+        return o.transpose(1, 2)
+    return o
+
+
+def _state_to_cudnn(state: torch.Tensor | None) -> torch.Tensor | None:
+    """make_inputs already gives cuDNN's value-major ``[N, HO, V, K]``; only contiguity is ensured."""
+    return None if state is None else state.contiguous()
+
+
+def _state_from_cudnn(state: torch.Tensor) -> torch.Tensor:
+    """cuDNN ``[N, HO, V, K]`` -> key-major ``[N, HO, K, V]``; bf16/fp16 states widen to fp32 (exact)."""
+    state = state.transpose(-1, -2)
+    return state.float() if state.dtype in (_BF16, _F16) else state
+
+
+def _flags(case) -> dict:
+    """Every Case flag as the op's keyword argument."""
+    kwargs = {
+        "scale": case.scale,  # None -> the op's own default 1/sqrt(K), the same as ours
+        "output_final_state": True,
+        "use_qk_l2norm_in_kernel": case.l2norm,
+        "use_beta_sigmoid_in_kernel": case.beta_sigmoid,
+        "allow_neg_eigval": case.neg_eigval,
+        "gate_domain": case.gate_domain,
+        "safe_gate": case.safe_gate,
+    }
+    if case.safe_gate and case.op in ("kda", "gdn2"):
+        # The sigmoid safe gate's lower bound: the op's default (-5) today, passed explicitly so a
+        # changed default cannot silently change what we test. Keyword only: KDA has it before
+        # gate_domain, GDN2 after.
+        kwargs["gate_lower_bound"] = case.support.gate_lower_bound
+    return kwargs
+
+
+def _conform(op: str, tensors: dict, io: torch.dtype) -> tuple[dict, list[str]]:
+    """Cast each optional/gate tensor the op would reject to an accepted dtype; say so for each."""
+    out, notes = dict(tensors), []
+    for name in ("g", "beta", "w", "a_log", "dt_bias", "initial_state"):
+        x = out.get(name)
+        if x is None:
+            continue
+        accepted = _accepted_dtypes(op, name, io)
+        if x.dtype not in accepted:
+            target = accepted[0]
+            out[name] = x.to(target)
+            notes.append(f"{name} cast {_short(x.dtype)} -> {_short(target)}: cuDNN {op} accepts "
+                         f"{'/'.join(_short(d) for d in accepted)}")
+    return out, notes
+
+
+def _short(dtype: torch.dtype) -> str:
+    return {_F32: "fp32", _BF16: "bf16", _F16: "fp16", torch.float64: "fp64"}.get(dtype, str(dtype))
+
+
+class CudnnBackend:
+    """The cuDNN frontend's linear-attention ops as a deltacheck backend.
+
+    ``module``: the ``cudnn.linear_attention`` module, or a contract double; it (or ``package``) must
+    also expose ``cudnnGraphNotSupportedError`` and ``__version__`` when injected. Default: imported
+    lazily on first use. ``plan_name`` pins one engine (e.g. ``"gdn2_frost"``); default from the
+    ``DELTACHECK_CUDNN_PLAN`` environment variable. ``device`` is where ``check`` runs its probe.
+    """
+
+    name = "cudnn"
+    ops = frozenset(ENTRY_POINTS)
+
+    def __init__(self, module=None, *, package=None, plan_name: str | None = None, device="cuda"):
+        self._module = module
+        self._package = package if package is not None else module
+        self.plan_name = plan_name if plan_name is not None else (os.environ.get(PLAN_ENV) or None)
+        self.device = device
+        self._probe_cache: dict[tuple, Verdict] = {}
+
+    # ------------------------------------------------------------------ the library
+    def _load(self):
+        """(linear_attention module, top-level package); raises ImportError/OSError as the import does."""
+        if self._module is None:
+            self._package = importlib.import_module("cudnn")
+            self._module = importlib.import_module("cudnn.linear_attention")
+        return self._module, self._package
+
+    def _version(self) -> str:
+        return str(getattr(self._package, "__version__", "unknown version"))
+
+    def _op(self, case):
+        module, _ = self._load()
+        return getattr(module, ENTRY_POINTS[case.op])
+
+    def _declined_errors(self) -> tuple[type, ...]:
+        error = getattr(self._package, "cudnnGraphNotSupportedError", None)
+        return (error,) if isinstance(error, type) else ()
+
+    # ------------------------------------------------------------------ the call
+    def _call(self, case, inputs: dict):
+        """Pack, conform, call, unpack. Returns ``(out, final_state_kv, notes)``."""
+        op = self._op(case)
+        io = inputs["q"].dtype
+        layout = case.layout
+        tensors = {name: _to_thd(inputs[name], layout) for name in ("q", "k", "v", "g", "beta")}
+        if case.op == "gdn2":
+            tensors["w"] = _to_thd(inputs["w"], layout)
+        tensors["a_log"] = inputs.get("a_log")
+        tensors["dt_bias"] = inputs.get("dt_bias")
+        tensors["initial_state"] = _state_to_cudnn(inputs.get("initial_state"))
+        tensors, notes = _conform(case.op, tensors, io)
+
+        if layout == "thd":
+            cu_seqlens = inputs["cu_seqlens"]
+        else:
+            length = case.seqlens[0]
+            cu_seqlens = torch.arange(case.N + 1, dtype=torch.int32, device=inputs["q"].device) * length
+
+        args = [tensors["q"], tensors["k"], tensors["v"], tensors["g"], tensors["beta"]]
+        if case.op == "gdn2":
+            args.append(tensors["w"])
+        args.append(cu_seqlens)
+        kwargs = _flags(case)
+        kwargs["initial_state"] = tensors["initial_state"]
+        if tensors["a_log"] is not None:
+            kwargs["a_log"] = tensors["a_log"]
+        if tensors["dt_bias"] is not None:
+            kwargs["dt_bias"] = tensors["dt_bias"]
+        if self.plan_name:
+            kwargs["plan_name"] = self.plan_name
+
+        o, final_state = op(*args, **kwargs)
+        return _from_thd(o, layout, case.N), _state_from_cudnn(final_state), notes
+
+    def run(self, case, inputs: dict):
+        out, final_state, _ = self._call(case, inputs)
+        return out, final_state
+
+    # ------------------------------------------------------------------ can it run?
+    def check(self, case, env) -> Verdict:
+        # Our floors and facts first (no library import); then what the library itself says.
+        verdict = gate.pair_verdict(self.name, case.op, env)
+        if not verdict.runnable:
+            return verdict
+        return gate.merge_verdicts(verdict, self._library_verdict(case))
+
+    def _library_verdict(self, case) -> Verdict:
+        if case.op not in self.ops:
+            return Verdict.no(f"cudnn serves {sorted(self.ops)}, not {case.op!r}")
+        try:
+            module, _ = self._load()
+        except ModuleNotFoundError as exc:
+            if exc.name == "cudnn":
+                return Verdict.no(INSTALL_HINT)
+            if exc.name == "cudnn.linear_attention":
+                return Verdict.no(f"cudnn.linear_attention not found in nvidia-cudnn-frontend {self._version()} "
+                                  "(the linear-attention ops arrived in 1.28; pip install -U 'deltacheck[cudnn]')")
+            return Verdict.no(f"cannot import cudnn.linear_attention: {type(exc).__name__}: {exc}")
+        except (ImportError, OSError) as exc:
+            return Verdict.no(f"cannot import cudnn.linear_attention: {type(exc).__name__}: {exc}")
+        attr = ENTRY_POINTS[case.op]
+        try:
+            getattr(module, attr)
+        except AttributeError:
+            return Verdict.no(f"cudnn.linear_attention.{attr} not found in nvidia-cudnn-frontend {self._version()}")
+        except Exception as exc:  # noqa: BLE001 - the lazy export imports the op's module here
+            return Verdict.no(f"cudnn.linear_attention.{attr} failed to import "
+                              f"(nvidia-cudnn-frontend {self._version()}): {type(exc).__name__}: {exc}")
+
+        key = self._probe_key(case)
+        if key not in self._probe_cache:
+            self._probe_cache[key] = self._probe(case)
+        return self._probe_cache[key]
+
+    def _probe_case(self, case):
+        """The same configuration (op, dtypes, heads, dims, flags) on a single one-token sequence."""
+        return case.replace(layout="thd", seqlens=(1,), splits=(), backward=False, gate="typical",
+                            beta_profile="uniform", seed=0, tier="L0")
+
+    def _probe_key(self, case) -> tuple:
+        return (self._probe_case(case).id, case.backward, self.plan_name)
+
+    def _probe(self, case) -> Verdict:
+        """Ask the library: call the op (and its backward, if needed) on a one-token version of the case."""
+        # cases sit left of harness (allowed); imported here so importing this module stays light.
+        from ...cases import make_inputs
+
+        probe_case = self._probe_case(case)
+        inputs = make_inputs(probe_case, device=self.device)
+        declined = self._declined_errors()
+        plan = f" (plan_name={self.plan_name!r})" if self.plan_name else ""
+        try:
+            _, _, notes = self._call(probe_case, inputs)
+        except declined as exc:
+            return Verdict.no(f"cuDNN declined{plan}: {exc}")
+        except FileNotFoundError as exc:
+            # The cuTile engine compiles on first call with the external `tileiras` compiler.
+            return Verdict.no(f"cuDNN engine could not compile its kernel{plan} (is `tileiras` on PATH? "
+                              f"cuTile needs it): {exc}")
+        except Exception as exc:  # noqa: BLE001
+            if _looks_like_compile_error(exc):
+                return Verdict.no(f"cuDNN engine failed to compile its kernel{plan}: {type(exc).__name__}: {exc}")
+            # Anything else is not a decline: let the run itself raise it, so it is reported as an error.
+            return Verdict.ok(f"probe call raised {type(exc).__name__}: {exc}; the run will report it")
+        if not case.backward:
+            return Verdict.ok(*notes)
+        grads = {n: x.detach().requires_grad_() for n, x in inputs.items()
+                 if isinstance(x, torch.Tensor) and x.is_floating_point()}
+        try:
+            out, final_state, _ = self._call(probe_case, {**inputs, **grads})
+            (out.float().sum() + final_state.float().sum()).backward()
+        except declined as exc:
+            return Verdict.ok(*notes, backward=False, backward_reason=f"cuDNN declined the backward{plan}: {exc}")
+        except Exception as exc:  # noqa: BLE001
+            return Verdict.ok(*notes, f"backward probe raised {type(exc).__name__}: {exc}; the run will report it")
+        return Verdict.ok(*notes)
+
+
+def _looks_like_compile_error(exc: Exception) -> bool:
+    """cuda.tile / CuTe DSL compile failures (no common base class): judge by name and message."""
+    text = f"{type(exc).__name__} {exc}".lower()
+    return "tileiras" in text or "compil" in type(exc).__name__.lower()
+
+
+@register("cudnn")
+def _cudnn() -> CudnnBackend:
+    return CudnnBackend()

@@ -1,0 +1,272 @@
+"""flash-linear-attention (FLA 0.6) adapters.
+
+``fla``            the chunked training kernels with autograd: ``chunk_gated_delta_rule`` (gdn),
+                   ``chunk_kda`` (kda), ``chunk_gdn2`` (gdn2).
+``fla-recurrent``  the token-recurrent inference kernels ``fused_recurrent_*``: a second, independent FLA
+                   implementation to cross-check the first; forward only.
+
+FLA's conventions, and what the adapter does about each:
+
+- Layout ``[B, T, heads, dim]``. Dense cases go to bshd (B = N); thd cases become B = 1 with int64
+  ``cu_seqlens`` (FLA refuses B > 1 with cu_seqlens).
+- Heads: GVA only — q and k share H heads and v/gates/state have HV = G*H heads (value head j reads q/k
+  head j // G, the same grouping as cuDNN). GQA (H > HV) is declined; ``chunk_gdn2`` has no GVA either.
+- State ``[N, HV, K, V]`` key-major, fp32 in (asserted by FLA) and out. Our inputs carry the state
+  value-major ``[N, HO, V, K]``: transposed here; a bf16 state is widened to fp32 (exact, noted).
+- Flags FLA does not have are declined, never emulated in glue code: we test the kernel, not our glue.
+  (``gate_domain='linear'``: no op; ``chunk_gdn2``/``fused_recurrent_gdn2``: no beta sigmoid.)
+- ``FLA_DISABLE_BACKEND_DISPATCH=1`` is set before FLA is imported, so FLA cannot reroute an op to
+  another package's kernel; it is read once, at import, so an earlier import is recorded in the notes.
+- FLA's own refusal — the GDN backward on Hopper with 3.4.0 <= Triton < 3.7.1 (its issue #640) — is
+  read from FLA's own flags and becomes ``backward=False`` with the reason, not a crash.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import torch
+
+from .. import gate
+from .base import Verdict, register
+
+INSTALL_HINT = "fla-core is not installed (pip install 'deltacheck[fla]')"
+DISPATCH_ENV = "FLA_DISABLE_BACKEND_DISPATCH"
+
+# op -> (module, function) for each flavour. chunk_gdn2 is not re-exported by fla.ops in 0.6.
+CHUNK = {
+    "gdn": ("fla.ops", "chunk_gated_delta_rule"),
+    "kda": ("fla.ops", "chunk_kda"),
+    "gdn2": ("fla.ops.gdn2", "chunk_gdn2"),
+}
+RECURRENT = {
+    "gdn": ("fla.ops", "fused_recurrent_gated_delta_rule"),
+    "kda": ("fla.ops", "fused_recurrent_kda"),
+    "gdn2": ("fla.ops.gdn2", "fused_recurrent_gdn2"),
+}
+
+
+def _to_btd(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """Case layout -> FLA's ``[B, T, heads, *feat]`` (thd: B = 1)."""
+    if layout == "thd":
+        return x.unsqueeze(0).contiguous()
+    if layout == "sbhd":
+        x = x.transpose(0, 1)
+    elif layout == "bhsd":
+        x = x.transpose(1, 2)
+    return x.contiguous()
+
+
+def _from_btd(o: torch.Tensor, layout: str) -> torch.Tensor:
+    """FLA ``[B, T, HV, V]`` -> the case's layout (inverse of ``_to_btd``)."""
+    if layout == "thd":
+        return o.squeeze(0)
+    if layout == "sbhd":
+        return o.transpose(0, 1)
+    if layout == "bhsd":
+        return o.transpose(1, 2)
+    return o
+
+
+def _state_to_fla(state: torch.Tensor | None) -> torch.Tensor | None:
+    """Our value-major ``[N, HO, V, K]`` -> FLA's key-major fp32 ``[N, HV, K, V]``."""
+    if state is None:
+        return None
+    return state.transpose(-1, -2).to(torch.float32).contiguous()
+
+
+def _state_from_fla(state: torch.Tensor) -> torch.Tensor:
+    """FLA already returns key-major ``[N, HV, K, V]``; bf16/fp16 would widen to fp32 (FLA gives fp32)."""
+    return state.float() if state.dtype in (torch.bfloat16, torch.float16) else state
+
+
+class FlaBackend:
+    """FLA's kernels as a deltacheck backend. ``recurrent=True`` selects the fused_recurrent_* family.
+
+    ``module``: a namespace holding the FLA functions by name (a contract double in tests; it may also
+    carry FLA's Hopper-guard flags ``IS_NVIDIA_HOPPER``, ``TRITON_ABOVE_3_4_0``, ``TRITON_ABOVE_3_7_1``
+    and ``__version__``). Default: the real modules, imported lazily.
+    """
+
+    ops = frozenset(CHUNK)
+
+    def __init__(self, module=None, *, recurrent: bool = False):
+        self._module = module
+        self.recurrent = recurrent
+        self.name = "fla-recurrent" if recurrent else "fla"
+        self._entry = RECURRENT if recurrent else CHUNK
+        self._import_notes: tuple[str, ...] = ()
+
+    # ------------------------------------------------------------------ the library
+    def _import_fla(self):
+        """Import FLA with backend dispatch off; note it when that cannot be guaranteed."""
+        already = "fla" in sys.modules
+        os.environ.setdefault(DISPATCH_ENV, "1")
+        fla = importlib.import_module("fla")
+        notes = []
+        if os.environ.get(DISPATCH_ENV) != "1":
+            notes.append(f"{DISPATCH_ENV}={os.environ.get(DISPATCH_ENV)!r} in the environment (not '1'): "
+                         "FLA may reroute ops to other packages' kernels")
+        backends = sys.modules.get("fla.backends")
+        if already and backends is not None and getattr(backends, "_DISPATCH_DISABLED", True) is False:
+            notes.append(f"fla was imported before deltacheck set {DISPATCH_ENV}=1; backend dispatch is ON "
+                         "for this process, so an op may run another package's kernel")
+        self._import_notes = tuple(notes)
+        return fla
+
+    def _function(self, op: str):
+        module_name, attr = self._entry[op]
+        if self._module is not None:
+            return getattr(self._module, attr)
+        self._import_fla()
+        return getattr(importlib.import_module(module_name), attr)
+
+    def _version(self) -> str:
+        source = self._module if self._module is not None else sys.modules.get("fla")
+        return str(getattr(source, "__version__", "unknown version"))
+
+    def _hopper_guard(self) -> str | None:
+        """FLA's own refusal of the gated backward on Hopper (fla/ops/common/chunk_o.py, issue #640).
+
+        Read from the very flags FLA's guard tests, so we decline exactly when FLA would raise.
+        """
+        if self._module is not None:
+            flags = self._module
+        else:
+            try:
+                flags = importlib.import_module("fla.ops.common.chunk_o")
+            except ImportError:
+                return None
+        if not hasattr(flags, "TRITON_ABOVE_3_7_1"):
+            return None  # a FLA without the guard
+        if (getattr(flags, "IS_NVIDIA_HOPPER", False) and getattr(flags, "TRITON_ABOVE_3_4_0", False)
+                and not getattr(flags, "TRITON_ABOVE_3_7_1", True)):
+            triton = getattr(sys.modules.get("triton"), "__version__", "unknown")
+            return (f"FLA {self._version()} refuses the gated GDN backward on Hopper with 3.4.0 <= Triton < 3.7.1 "
+                    f"(found Triton {triton}): 'produces incorrect results for gated chunk_bwd_dqkwg (see #640)'. "
+                    "Fix: upgrade Triton to >= 3.7.1")
+        return None
+
+    # ------------------------------------------------------------------ what FLA cannot express
+    def _unsupported(self, case) -> str | None:
+        fn = self._entry[case.op][1]
+        if case.H > case.HV:
+            return (f"FLA {fn} has no GQA (H={case.H} query heads > HV={case.HV} value heads); "
+                    "FLA supports only GVA (HV a multiple of H, HK == H)")
+        if case.HK != case.H:
+            return f"FLA {fn} needs q and k to share heads (H={case.H}, HK={case.HK})"
+        if fn == "chunk_gdn2" and case.HV != case.H:
+            return f"FLA 0.6 chunk_gdn2 has no GVA (asserts q, k, g, b and v, w at one head count; H={case.H}, HV={case.HV})"
+        if case.gate_domain == "linear":
+            return f"FLA {fn} has no linear gate domain (g must be a log-space decay)"
+        if case.op == "gdn2" and case.beta_sigmoid:
+            return f"FLA {fn} has no use_beta_sigmoid_in_kernel / allow_neg_eigval"
+        return None
+
+    # ------------------------------------------------------------------ can it run?
+    def check(self, case, env) -> Verdict:
+        # Our floors and facts first (no library import); then what the library itself says.
+        verdict = gate.pair_verdict(self.name, case.op, env)
+        if not verdict.runnable:
+            return verdict
+        return gate.merge_verdicts(verdict, self._library_verdict(case))
+
+    def _library_verdict(self, case) -> Verdict:
+        if case.op not in self.ops:
+            return Verdict.no(f"{self.name} serves {sorted(self.ops)}, not {case.op!r}")
+        module_name, attr = self._entry[case.op]
+        try:
+            self._function(case.op)
+        except ModuleNotFoundError as exc:
+            if exc.name == "fla":
+                return Verdict.no(INSTALL_HINT)
+            return Verdict.no(f"cannot import {module_name}: {type(exc).__name__}: {exc}")
+        except AttributeError:
+            return Verdict.no(f"{module_name}.{attr} not found in fla-core {self._version()}")
+        except Exception as exc:  # noqa: BLE001 - an import-time failure (triton, CUDA) is a decline
+            return Verdict.no(f"cannot import {module_name}: {type(exc).__name__}: {exc}")
+        reason = self._unsupported(case)
+        if reason:
+            return Verdict.no(reason)
+
+        notes = list(self._import_notes) + self._conversion_notes(case)
+        if self.recurrent:
+            return Verdict.ok(*notes, backward=False,
+                              backward_reason=f"FLA {attr} is forward-only (its backward raises); "
+                                              "use backend 'fla' for gradients")
+        if case.op == "gdn" and case.backward:
+            guard = self._hopper_guard()
+            if guard:
+                return Verdict.ok(*notes, backward=False, backward_reason=guard)
+        return Verdict.ok(*notes)
+
+    def _conversion_notes(self, case) -> list[str]:
+        notes = []
+        if case.initial_state and case.state_dtype != "fp32":
+            notes.append(f"initial_state cast {case.state_dtype} -> fp32 (FLA asserts an fp32 state) "
+                         "and transposed [N, HO, V, K] -> [N, HV, K, V]")
+        if case.op == "gdn" and case.safe_gate and not case.a_log:
+            notes.append("safe gate without a_log passed as A_log = 0 (exp(0) = 1, identical by definition): "
+                         "FLA's GDN in-kernel gate requires A_log")
+        return notes
+
+    # ------------------------------------------------------------------ the call
+    def _gate_kwargs(self, case, inputs: dict) -> dict:
+        """The safe gate as FLA's in-kernel gate (``use_gate_in_kernel``)."""
+        if not case.safe_gate:
+            return {}
+        a_log, dt_bias = inputs.get("a_log"), inputs.get("dt_bias")
+        kwargs = {"use_gate_in_kernel": True}
+        if case.op == "gdn":
+            # -exp(A_log) * softplus(g + dt_bias), A_log and dt_bias [HV]; A_log is mandatory in FLA.
+            kwargs["A_log"] = a_log if a_log is not None else torch.zeros(case.HO, device=inputs["q"].device)
+            kwargs["dt_bias"] = dt_bias
+        else:
+            # lower_bound * sigmoid(exp(A_log) * (g + dt_bias)), dt_bias flat [HV*K] in FLA.
+            kwargs["lower_bound"] = case.support.gate_lower_bound
+            kwargs["A_log"] = a_log
+            kwargs["dt_bias"] = dt_bias.reshape(-1) if dt_bias is not None else None
+            if not self.recurrent:
+                kwargs["safe_gate"] = True  # FLA's bounded-gate kernel path; needs lower_bound in [-5, 0)
+        return kwargs
+
+    def _flags(self, case) -> dict:
+        kwargs = {
+            "scale": case.scale,  # None -> FLA's default K ** -0.5, the same as ours
+            "output_final_state": True,
+            "use_qk_l2norm_in_kernel": case.l2norm,
+        }
+        if case.op != "gdn2":  # FLA's gdn2 ops have no beta sigmoid (declined in check)
+            kwargs["use_beta_sigmoid_in_kernel"] = case.beta_sigmoid
+            kwargs["allow_neg_eigval"] = case.neg_eigval
+        return kwargs
+
+    def run(self, case, inputs: dict):
+        fn = self._function(case.op)
+        layout = case.layout
+        q, k, v, g, beta = (_to_btd(inputs[n], layout) for n in ("q", "k", "v", "g", "beta"))
+        kwargs = self._flags(case)
+        kwargs.update(self._gate_kwargs(case, inputs))
+        kwargs["initial_state"] = _state_to_fla(inputs.get("initial_state"))
+        if layout == "thd":
+            kwargs["cu_seqlens"] = inputs["cu_seqlens"].to(torch.int64)
+        if case.op == "gdn2":
+            o, final_state = fn(q, k, v, g, beta, _to_btd(inputs["w"], layout), **kwargs)
+        elif case.op == "gdn" and self.recurrent:
+            # fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, ...)
+            o, final_state = fn(q, k, v, g=g, beta=beta, **kwargs)
+        else:
+            o, final_state = fn(q, k, v, g, beta, **kwargs)
+        return _from_btd(o, layout), _state_from_fla(final_state)
+
+
+@register("fla")
+def _fla() -> FlaBackend:
+    return FlaBackend()
+
+
+@register("fla-recurrent")
+def _fla_recurrent() -> FlaBackend:
+    return FlaBackend(recurrent=True)

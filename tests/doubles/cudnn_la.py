@@ -1,0 +1,204 @@
+"""A contract double of ``cudnn.linear_attention`` (cuDNN frontend 1.32), computed with our reference.
+
+What it pins (from the FE 1.32 sources, see .notes/libs.md):
+
+- entry points ``gated_delta_net``, ``kimi_delta_attention``, ``gated_delta_net_v2`` with the exact
+  parameter lists (``gate_lower_bound`` sits before ``gate_domain`` in KDA, after it in GDN2);
+- THD only: q ``[T, H, K]``, k ``[T, HK, K]``, v ``[T, HV, V]``, ``cu_seqlens [N+1]`` int32/int64;
+  gates, output and state at ``HO = max(H, HV)`` heads; output ``o [T, HO, V]``;
+- states value-major ``[N, HO, V, K]``; ``final_state`` is an *empty* tensor unless
+  ``output_final_state=True``; returns a 2-tuple;
+- ``check_dtype`` rules (TypeError): g fp32/bf16/fp16; GDN/KDA beta fp32 or io; GDN2 beta and w io;
+  a_log/dt_bias fp32/bf16/fp16; states fp32/bf16/fp16; ValueErrors for flag misuse;
+- refusal through ``cudnnGraphNotSupportedError`` (fp32 io, unknown ``plan_name``, and whatever the
+  test's ``decline`` hook says), and a first-call error hook (the missing-``tileiras`` case).
+
+Results come back in fp64 (see the package docstring) unless ``exact=False``, which rounds like the
+kernels (o in the io dtype, state in the state dtype).
+"""
+
+from __future__ import annotations
+
+import math
+import types
+
+import torch
+from deltacheck import reference
+
+VERSION = "1.32.0"
+PLANS = {
+    "gated_delta_net": ("gdn_frost", "gdn_cutile"),
+    "kimi_delta_attention": ("kda_frost", "kda_cutile", "kda_hopper", "kda_hopper_cuda"),
+    "gated_delta_net_v2": ("gdn2_frost",),
+}
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class cudnnGraphNotSupportedError(Exception):
+    """Stands in for ``cudnn.cudnnGraphNotSupportedError`` (a pybind exception in the real package)."""
+
+
+def _no_plan(reasons: str) -> cudnnGraphNotSupportedError:
+    return cudnnGraphNotSupportedError(
+        f"no engine \u2014 python or backend \u2014 proposed a plan for this graph (python engines declined: {reasons})"
+    )
+
+
+def _check_dtype(fn: str, name: str, t: torch.Tensor, want) -> None:
+    wants = want if isinstance(want, tuple) else (want,)
+    if t.dtype not in wants:
+        names = " or ".join(str(w) for w in wants)
+        raise TypeError(f"{fn}: {name} must be {names} (kernel-native; callers convert), got {t.dtype}")
+
+
+def _check_shape(fn: str, name: str, t: torch.Tensor, shape: tuple) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{fn}: {name} must be {list(shape)}, got {list(t.shape)}")
+
+
+def make(*, decline=None, backward_decline=None, first_call_error=None, exact=True, version=VERSION):
+    """A fresh double module.
+
+    ``decline(fn_name, call) -> str | None``: a reason makes planning raise cudnnGraphNotSupportedError;
+    ``call`` is a dict of every argument. ``backward_decline`` likewise, raised when the backward runs
+    (a forward-only plan). ``first_call_error``: raised once, by the first call (an uncompiled engine).
+    ``mod.calls`` records each call's arguments, for tests that inspect what the adapter passed.
+    """
+    mod = types.ModuleType("cudnn_linear_attention_double")
+    mod.__version__ = version
+    mod.cudnnGraphNotSupportedError = cudnnGraphNotSupportedError
+    mod.calls = []
+    pending_error = [first_call_error]
+
+    def run(fn, op, q, k, v, g, beta, w, cu_seqlens, call):
+        mod.calls.append({"fn": fn, **call})
+        if pending_error[0] is not None:
+            error, pending_error[0] = pending_error[0], None
+            raise error
+        if q.dim() != 3:
+            raise ValueError("expected THD [total_tokens, heads, dim] tensors")
+        T, H, K = q.shape
+        HK, HV, V = k.shape[1], v.shape[1], v.shape[2]
+        if HK not in (H, HV):
+            raise ValueError(f"k head count ({HK}) must match q's ({H}) or v's ({HV})")
+        HO = max(H, HV)
+        if cu_seqlens is None or cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{fn}: cu_seqlens must be int32 or int64; got "
+                             f"{None if cu_seqlens is None else cu_seqlens.dtype}")
+        N = cu_seqlens.shape[0] - 1
+        if int(cu_seqlens[-1]) != T or int(cu_seqlens[0]) != 0:
+            raise ValueError(f"{fn}: cu_seqlens must run from 0 to total_tokens={T}; got {cu_seqlens.tolist()}")
+        if call["allow_neg_eigval"] and not call["use_beta_sigmoid_in_kernel"]:
+            raise ValueError(f"{fn}: allow_neg_eigval requires use_beta_sigmoid_in_kernel")
+        _check_dtype(fn, "k", k, q.dtype)
+        _check_dtype(fn, "v", v, q.dtype)
+        _check_dtype(fn, "g", g, _FLOATS)
+        _check_dtype(fn, "beta", beta, q.dtype if op == "gdn2" else (torch.float32, q.dtype))
+        _check_shape(fn, "k", k, (T, HK, K))
+        _check_shape(fn, "g", g, (T, HO) if op == "gdn" else (T, HO, K))
+        _check_shape(fn, "beta", beta, (T, HO, K) if op == "gdn2" else (T, HO))
+        if op == "gdn2":
+            _check_dtype(fn, "w", w, q.dtype)
+            _check_shape(fn, "w", w, (T, HO, V))
+        a_log, dt_bias, state = call["a_log"], call["dt_bias"], call["initial_state"]
+        if call["safe_gate"]:
+            if a_log is not None:
+                _check_dtype(fn, "a_log", a_log, _FLOATS)
+                _check_shape(fn, "a_log", a_log, (HO,))
+            if dt_bias is not None:
+                _check_dtype(fn, "dt_bias", dt_bias, _FLOATS)
+                _check_shape(fn, "dt_bias", dt_bias, (HO,) if op == "gdn" else (HO, K))
+        elif a_log is not None or dt_bias is not None:
+            raise ValueError(f"{fn}: a_log/dt_bias require safe_gate=True")
+        if call["gate_domain"] not in ("log", "linear"):
+            raise ValueError(f"{fn}: gate_domain must be 'log' or 'linear', got {call['gate_domain']!r}")
+        if call["gate_domain"] == "linear" and call["safe_gate"]:
+            raise ValueError(f"{fn}: gate_domain='linear' cannot combine with safe_gate=True")
+        if state is not None:
+            _check_dtype(fn, "initial_state", state, _FLOATS)
+            if state.shape[0] != N:
+                raise ValueError(f"initial_state must carry one state per sequence: got {state.shape[0]} for {N} sequences")
+            _check_shape(fn, "initial_state", state, (N, HO, V, K))
+
+        # Planning: the engines' refusals.
+        plans = PLANS[fn]
+        plan_name = call["plan_name"]
+        if plan_name is not None and plan_name not in plans:
+            raise cudnnGraphNotSupportedError(f"no {plan_name} plan for this graph (offered: {list(plans)})")
+        if q.dtype not in (torch.bfloat16, torch.float16):
+            raise _no_plan(f"{plans[0]}: io dtype must be bf16 or fp16, got {q.dtype}")
+        reason = decline(fn, call) if decline is not None else None
+        if reason:
+            raise _no_plan(reason)
+
+        kwargs = dict(  # noqa: C408 - mirrors the keyword call it feeds
+            scale=call["scale"], initial_state=state, output_final_state=True,
+            use_qk_l2norm_in_kernel=call["use_qk_l2norm_in_kernel"],
+            use_beta_sigmoid_in_kernel=call["use_beta_sigmoid_in_kernel"],
+            allow_neg_eigval=call["allow_neg_eigval"], gate_domain=call["gate_domain"],
+            safe_gate=call["safe_gate"], a_log=a_log, dt_bias=dt_bias,
+            layout="thd", state_layout="vk", method="oracle", compute_dtype=torch.float64,
+        )
+        if op != "gdn":
+            lb = call["gate_lower_bound"]
+            kwargs["gate_lower_bound"] = -5.0 if lb is None else float(lb)
+        args = [q, k, v, g, beta] + ([w] if op == "gdn2" else []) + [cu_seqlens]
+        o, final_state = getattr(reference, op)(*args, **kwargs)
+        state_dtype = state.dtype if state is not None else torch.float32
+        if not exact:
+            o, final_state = o.to(q.dtype), final_state.to(state_dtype)
+        if backward_decline is not None:
+            why = backward_decline(fn, call)
+            if why:
+                def refuse(grad, why=why):
+                    raise _no_plan(why)
+
+                if o.requires_grad:
+                    o.register_hook(refuse)
+        if not call["output_final_state"]:
+            final_state = torch.empty(0, dtype=state_dtype, device=q.device)
+        return o, final_state
+
+    def gated_delta_net(
+        q, k, v, g, beta, cu_seqlens, scale=None, initial_state=None, output_final_state=False,
+        use_qk_l2norm_in_kernel=False, batch_invariant=False, use_beta_sigmoid_in_kernel=False,
+        allow_neg_eigval=False, safe_gate=False, gate_domain="log", a_log=None, dt_bias=None,
+        checkpoint_every_n_tokens=0, checkpoint_dtype=None, plan_name=None, overwrite_initial_state=False,
+        state_indices=None,
+    ):
+        call = dict(locals())
+        if scale is None:
+            call["scale"] = 1.0 / math.sqrt(q.shape[-1])
+        call["gate_lower_bound"] = None
+        return run("gated_delta_net", "gdn", q, k, v, g, beta, None, cu_seqlens, call)
+
+    def kimi_delta_attention(
+        q, k, v, g, beta, cu_seqlens, scale=None, initial_state=None, output_final_state=False,
+        use_qk_l2norm_in_kernel=False, batch_invariant=False, use_beta_sigmoid_in_kernel=False,
+        allow_neg_eigval=False, safe_gate=False, gate_lower_bound=None, gate_domain="log", a_log=None,
+        dt_bias=None, checkpoint_every_n_tokens=0, checkpoint_dtype=None, plan_name=None,
+        overwrite_initial_state=False, state_indices=None,
+    ):
+        call = dict(locals())
+        if scale is None:
+            call["scale"] = 1.0 / math.sqrt(q.shape[-1])
+        return run("kimi_delta_attention", "kda", q, k, v, g, beta, None, cu_seqlens, call)
+
+    def gated_delta_net_v2(
+        q, k, v, g, beta, w, cu_seqlens, scale=None, initial_state=None, output_final_state=False,
+        use_qk_l2norm_in_kernel=False, batch_invariant=False, use_beta_sigmoid_in_kernel=False,
+        allow_neg_eigval=False, beta_guard=False, safe_gate=False, gate_domain="log", gate_lower_bound=None,
+        a_log=None, dt_bias=None, checkpoint_every_n_tokens=0, checkpoint_dtype=None, plan_name=None,
+        overwrite_initial_state=False, state_indices=None,
+    ):
+        call = dict(locals())
+        if scale is None:
+            call["scale"] = 1.0 / math.sqrt(q.shape[-1])
+        if beta_guard:
+            raise NotImplementedError("the double does not model beta_guard")
+        return run("gated_delta_net_v2", "gdn2", q, k, v, g, beta, w, cu_seqlens, call)
+
+    mod.gated_delta_net = gated_delta_net
+    mod.kimi_delta_attention = kimi_delta_attention
+    mod.gated_delta_net_v2 = gated_delta_net_v2
+    return mod
