@@ -292,6 +292,9 @@ _L0_PINNED = (
     "kda-bf16-sbhd-N2-L64-H2/2/4-K128-V128-mild-h0-cont[33]",
     "kda-bf16-thd-N2-T[300_257]-H2/2/2-K128-V128-zero-state_bf16-l2norm-h0-bwd",
     "kda-bf16-bhsd-N1-L256-H4/2/2-K128-V128-typical-l2norm-cont[128]",
+    # ...and its backward kernel takes pre-normalized q/k and post-sigmoid beta: no l2norm, no sigmoid.
+    "kda-bf16-thd-N3-T[1_64_200]-H2/2/2-K128-V128-steep-h0-cont[64]-bwd",
+    "kda-bf16-bshd-N2-L129-H2/2/2-K128-V128-extreme-bwd",
 )
 
 # L0: every pair, plus these triples, so each op meets every layout x dtype, every gate profile in

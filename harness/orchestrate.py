@@ -23,7 +23,7 @@ from deltacheck.cases import Case, CaseError, select
 
 from . import gate
 from .backends.base import BackendLoadError, Verdict, get_backend
-from .results import SCHEMA, Result, ResultStream
+from .results import SCHEMA, Result, ResultStream, read_records
 from .rundir import new_run_dir, provenance
 from .runner import CaseRunner, RunOptions, checks_for, repro_command
 
@@ -142,6 +142,7 @@ def _run_in_workers(tasks, results_path, opts, on_done, max_restarts=50):
                 finished.add(int(idx))
                 in_flight = None
                 on_done(int(idx), json.loads(summary))
+        proc.stdout.close()
         code = proc.wait()
         remaining = [t for t in remaining if t[0] not in finished]
         if not remaining:
@@ -274,13 +275,16 @@ def _print_summary(stream, run_dir, gate_verdicts, required, executed, statuses,
         state = f"ran {executed.get((spec, op), 0)} cases" if v.runnable else f"unavailable: {v.reason}"
         extra = "" if (not v.runnable or v.backward) else f" (no backward: {v.backward_reason})"
         w(f"  {spec:>10}:{op:<5}{req} {state}{extra}\n")
-    shown = 0
-    from .results import read_records
-
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for _, rec, _ in read_records(results_path):
-        if rec and rec.get("kind") == "result" and rec["status"] in ("fail", "error") and shown < 20:
-            w(f"  {rec['status'].upper()} {rec['check']}: {rec['reason'][:200]}\n      re-run: {rec['repro']}\n")
-            shown += 1
+        if rec and rec.get("kind") == "result" and rec["status"] in ("fail", "error"):
+            groups[(rec["case"], rec["backend"])].append(rec)
+    for (case_id, spec), recs in list(groups.items())[:20]:
+        checks = ", ".join(f"{r['check']}({r['status']})" for r in recs)
+        w(f"  {spec} {case_id}\n      failed: {checks}\n      first: {recs[0]['reason'][:240]}\n"
+          f"      re-run: {recs[0]['repro']}\n")
+    if len(groups) > 20:
+        w(f"  ... and {len(groups) - 20} more failing case x backend pairs (see the results file)\n")
     if failures:
         fmt = getattr(gate, "format_required_report", None)
         w((fmt(failures) if fmt else "\n".join(failures)) + "\n")

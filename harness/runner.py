@@ -337,7 +337,7 @@ class CaseRunner:
     def _determinism(self, case, backend, inputs, out, state, base, results):
         with torch.no_grad():
             out2, state2 = backend.run(case, {n: (x.detach() if x is not None else None) for n, x in inputs.items()})
-        if torch.equal(out2, out.detach()) and torch.equal(state2, state.detach()):
+        if bitwise_equal(out2, out) and bitwise_equal(state2, state):
             results.append(Result(check="determinism", status="pass", **base))
         else:
             diff = compare.rel_rms(to_packed(out2, case), to_packed(out, case))
@@ -380,6 +380,15 @@ class CaseRunner:
         else:
             final = layouts.state_convert(state_vk, "vk", "kv").to(F64)
         return torch.cat(pieces), final
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same bits, NaN payloads included (torch.equal says NaN != NaN, which is not what run-to-run means)."""
+    a, b = a.detach(), b.detach()
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))
 
 
 def out_empty(inputs: dict, case: Case) -> torch.Tensor:

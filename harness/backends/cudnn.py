@@ -265,9 +265,12 @@ class CudnnBackend:
         except declined as exc:
             return Verdict.no(f"cuDNN declined{plan}: {exc}")
         except FileNotFoundError as exc:
-            # The cuTile engine compiles on first call with the external `tileiras` compiler.
-            return Verdict.no(f"cuDNN engine could not compile its kernel{plan} (is `tileiras` on PATH? "
-                              f"cuTile needs it): {exc}")
+            if "tileiras" in str(exc):  # the cuTile engine compiles on first call with the external tileiras
+                return Verdict.no(f"cuDNN engine could not compile its kernel{plan}: `tileiras` not found "
+                                  f"(cuTile needs it on PATH): {exc}")
+            # e.g. FE 1.30.0's wheel ships the Hopper KDA engine without its kda_fused_sm90.cu source.
+            return Verdict.no(f"cuDNN engine needs a file missing from this nvidia-cudnn-frontend installation"
+                              f"{plan}: {exc} (a packaging problem of this version: reinstall, or use another)")
         except Exception as exc:  # noqa: BLE001
             if _looks_like_compile_error(exc):
                 return Verdict.no(f"cuDNN engine failed to compile its kernel{plan}: {type(exc).__name__}: {exc}")

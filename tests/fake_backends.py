@@ -1,0 +1,51 @@
+"""Small third-party-style backends for the runner and required-mode tests (loaded as ``fake_backends:X``)."""
+
+import os
+
+from deltacheck.harness.backends.base import Verdict, get_backend
+
+ALL_OPS = frozenset({"gdn", "kda", "gdn2"})
+
+
+class Working:
+    """The fp64 oracle under another name: a backend that runs and passes everything."""
+
+    name = "working"
+    ops = ALL_OPS
+
+    def check(self, case, env):
+        return Verdict.ok()
+
+    def run(self, case, inputs):
+        return get_backend("oracle").run(case, inputs)
+
+
+class Declining(Working):
+    """An engine that declines every case, with its own reason."""
+
+    name = "declining"
+
+    def check(self, case, env):
+        return Verdict.no("fake engine declined: head dim must be 256")
+
+
+class Raising(Working):
+    """A kernel that raises a Python exception on kda."""
+
+    name = "raising"
+
+    def run(self, case, inputs):
+        if case.op == "kda":
+            raise RuntimeError("illegal memory access (fake)")
+        return super().run(case, inputs)
+
+
+class Crashing(Working):
+    """A kernel that takes the whole process down on kda, as a segfault would."""
+
+    name = "crashing"
+
+    def run(self, case, inputs):
+        if case.op == "kda":
+            os._exit(139)
+        return super().run(case, inputs)

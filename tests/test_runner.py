@@ -1,0 +1,144 @@
+"""The runner end to end: streaming, errors, crash isolation, repro commands, CLI and pytest agreement."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deltacheck.cases import select
+from deltacheck.harness.cli import main as cli_main
+from deltacheck.harness.orchestrate import execute
+from deltacheck.harness.runner import RunOptions
+
+TESTS = Path(__file__).resolve().parent
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]), "CI": "1"}
+for var in ("NVTE_GDN2_TEST_REQUIRED", "NVTE_GDN_TEST_REQUIRED", "DELTACHECK_REQUIRE"):
+    ENV.pop(var, None)
+# One small case per op keeps these end-to-end runs to seconds.
+CASE_IDS = [
+    "gdn-bf16-thd-N2-T[1_20]-H2/2/2-K64-V64-steep-h0-cont[7]-bwd",
+    "kda-bf16-bshd-N2-L17-H2/2/2-K64-V64-mild-bwd",
+    "gdn2-fp16-thd-N1-T[33]-H2/2/2-K64-V64-typical",
+]
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+
+
+def run(specs, tmp_path, in_process=True, environ=None, cases=None):
+    cases = cases if cases is not None else [__import__("deltacheck.cases", fromlist=["Case"]).Case.from_id(c)
+                                             for c in CASE_IDS]
+    sys.path.insert(0, str(TESTS))
+    try:
+        return execute(cases, specs, tmp_path, RunOptions(reference="oracle"), in_process=in_process,
+                       environ=environ or {}, stream=io.StringIO())
+    finally:
+        sys.path.remove(str(TESTS))
+
+
+def test_results_stream_with_header_gates_and_end(tmp_path):
+    status, run_dir = run(["fake_backends:Working"], tmp_path)
+    recs = records(run_dir)
+    assert status == 0
+    assert recs[0]["kind"] == "run" and recs[-1]["kind"] == "end" and recs[-1]["exit_status"] == 0
+    assert {r["op"] for r in recs if r["kind"] == "gate"} == {"gdn", "kda", "gdn2"}
+    results = [r for r in recs if r["kind"] == "result"]
+    assert results and all(r["status"] == "pass" for r in results)
+    assert {"forward", "state", "continuation_ref", "continuation_self", "grad_q", "determinism"} <= {
+        r["check"] for r in results}
+
+
+def test_exception_becomes_that_case_error_and_the_run_goes_on(tmp_path):
+    status, run_dir = run(["fake_backends:Raising"], tmp_path)
+    results = [r for r in records(run_dir) if r["kind"] == "result"]
+    assert status == 1
+    kda = [r for r in results if r["op"] == "kda"]
+    assert kda and all(r["status"] == "error" for r in kda)
+    assert "illegal memory access (fake)" in kda[0]["reason"]
+    assert all(r["status"] == "pass" for r in results if r["op"] != "kda")
+
+
+def test_hard_crash_is_recorded_and_the_run_continues_in_a_fresh_worker(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
+    status, run_dir = run(["fake_backends:Crashing"], tmp_path, in_process=False)
+    results = [r for r in records(run_dir) if r["kind"] == "result"]
+    assert status == 1
+    crashed = [r for r in results if r["op"] == "kda"]
+    assert crashed and all("worker process died (exit status 139)" in r["reason"] for r in crashed)
+    # the cases before and after the crash were all written and judged
+    assert {r["op"] for r in results if r["status"] == "pass"} == {"gdn", "gdn2"}
+
+
+def test_every_failure_carries_a_repro_command_that_reruns_just_that_case(tmp_path):
+    status, run_dir = run(["fake_backends:Raising"], tmp_path)
+    bad = next(r for r in records(run_dir) if r.get("status") == "error")
+    argv = bad["repro"].split()
+    assert argv[:2] == ["deltacheck", "run"]
+    import shlex
+
+    args = shlex.split(bad["repro"])[1:] + ["--out", str(tmp_path / "again"), "--in-process"]
+    sys.path.insert(0, str(TESTS))
+    try:
+        assert cli_main(args) == 1
+    finally:
+        sys.path.remove(str(TESTS))
+    again = records(next((tmp_path / "again").iterdir()))
+    assert {r["case"] for r in again if r["kind"] == "result"} == {bad["case"]}
+
+
+# --- required mode: the CLI and the pytest plugin agree -----------------------------------------
+
+SITUATIONS = {
+    # name: (backend spec, -k expression, DELTACHECK_REQUIRE pair)
+    "engine declines every case": ("fake_backends:Declining", None, "fake_backends:Declining:kda"),
+    "backend raises on import": ("broken_backend_module:Obj", None, "broken_backend_module:Obj:kda"),
+    "-k selects zero cases of the pair": ("fake_backends:Working", "gdn2", "fake_backends:Working:kda"),
+    "pair runs": ("fake_backends:Working", "kda", "fake_backends:Working:kda"),
+}
+
+
+def cli_outcome(spec, k, require, tmp_path):
+    env = dict(ENV, DELTACHECK_REQUIRE=require) if require else dict(ENV)
+    argv = [sys.executable, "-m", "deltacheck", "run", "--backend", spec, "--tier", "L0", "--limit", "2",
+            "--out", str(tmp_path / "cli"), "--in-process", "--no-baseline", "--reference", "oracle"]
+    if k:
+        argv += ["-k", k]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def pytest_outcome(spec, k, require):
+    env = dict(ENV, DELTACHECK_REQUIRE=require) if require else dict(ENV)
+    argv = [sys.executable, "-m", "pytest", str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider",
+            "--dc-backend", spec, "--dc-limit", "2", "--dc-reference", "oracle"]
+    if k:
+        argv += ["--dc-k", k]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=TESTS.parent)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("required", [True, False], ids=["required", "not-required"])
+@pytest.mark.parametrize("situation", list(SITUATIONS))
+def test_cli_and_pytest_agree(situation, required, tmp_path):
+    spec, k, pair = SITUATIONS[situation]
+    require = pair if required else None
+    cli_rc, cli_text = cli_outcome(spec, k, require, tmp_path)
+    py_rc, py_text = pytest_outcome(spec, k, require)
+    fails = (cli_rc != 0, py_rc != 0)
+    assert fails[0] == fails[1], f"CLI exit {cli_rc}, pytest exit {py_rc}\nCLI:\n{cli_text}\npytest:\n{py_text}"
+    if situation == "pair runs":
+        assert fails == (False, False)
+    elif required:
+        assert fails == (True, True)  # never a silent pass
+        assert "REQUIRED" in cli_text and "REQUIRED" in py_text
+    elif situation == "backend raises on import":
+        assert "cannot import module 'broken_backend_module'" in cli_text + py_text
+    else:
+        assert fails == (False, False)  # not required: a skip with its reason
