@@ -1,12 +1,12 @@
 """Pure-PyTorch reference math for the gated delta-rule family. Imports torch only.
 
-``gdn``, ``kda`` and ``gdn2`` mirror ``cudnn.linear_attention``'s ops; ``layouts`` converts among
+``gdn``, ``kda``, ``gdn2`` and ``gdp`` mirror ``cudnn.linear_attention``'s ops; ``layouts`` converts among
 thd / bshd / sbhd / bhsd and state orientations; ``token_oracle`` is the token-by-token core.
 """
 
 from . import layouts
 from .layouts import ReferenceInputError
 from .oracle import token_oracle
-from .ops import gdn, gdn2, head_index, kda
+from .ops import gdn, gdn2, gdp, head_index, kda
 
-__all__ = ["gdn", "kda", "gdn2", "layouts", "token_oracle", "head_index", "ReferenceInputError"]
+__all__ = ["gdn", "kda", "gdn2", "gdp", "layouts", "token_oracle", "head_index", "ReferenceInputError"]

@@ -356,3 +356,68 @@ def gdn2(
         dt_bias=dt_bias, layout=layout, state_layout=state_layout, method=method, compute_dtype=compute_dtype,
         chunk_size=chunk_size,
     )
+
+
+def gdp(
+    q, k, v, g, beta, cu_seqlens=None, num_householder=None, *, scale=None, initial_state=None,
+    output_final_state=False, use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+    allow_neg_eigval=False, gate_domain="log", safe_gate=False, a_log=None, dt_bias=None,
+    layout="thd", state_layout="vk", method="oracle", compute_dtype=torch.float64, chunk_size=64,
+):
+    """Gated DeltaProduct: GDN run on ``n = num_householder`` sub-tokens per token (cuDNN FE 1.29+).
+
+    ``q [T, H, K]`` and the decay ``g [T, HO]`` are per real token; ``k``, ``v`` and ``beta`` are per
+    sub-token, either expanded (``k [T*n, HK, K]``, ``v [T*n, HV, V]``, ``beta [T*n, HO]``; token t's
+    sub-tokens are rows ``t*n .. t*n+n-1``) or token-major (``[T, n, ...]``). The decay acts on
+    sub-token 0, the readout follows sub-token n-1 (cuDNN FE 1.32 gdp.py); ``n = 1`` is exactly GDN.
+    ``cu_seqlens`` counts real tokens. Packed THD only, as in cuDNN.
+    """
+    if not isinstance(num_householder, int) or isinstance(num_householder, bool) or num_householder < 1:
+        raise ReferenceInputError(f"num_householder: expected a positive integer, got {num_householder!r}")
+    if layout != "thd":
+        raise ReferenceInputError(f"layout: gdp takes packed 'thd' tensors only (as cuDNN), got {layout!r}")
+    n = num_householder
+    _check_tensor("q", q, ndim=3)
+    T = q.shape[0]
+    subtoken = {}
+    for name, x, rank in (("k", k, 3), ("v", v, 3), ("beta", beta, 2)):
+        _check_tensor(name, x)
+        if x.dim() == rank + 1:  # token-major [T, n, ...]
+            if tuple(x.shape[:2]) != (T, n):
+                raise ReferenceInputError(
+                    f"{name}: token-major {name} must be [T={T}, n={n}, ...], got {list(x.shape)}")
+            x = x.reshape(T * n, *x.shape[2:])
+        elif x.dim() != rank or x.shape[0] != T * n:
+            raise ReferenceInputError(
+                f"{name}: expected {rank} dims with T*n = {T * n} rows (or token-major [T, n, ...]), "
+                f"got {list(x.shape)}")
+        subtoken[name] = x
+    _check_tensor("g", g, ndim=2)
+    HO = g.shape[1]
+    _check_flags(_SPECS["gdn"], use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                 allow_neg_eigval=allow_neg_eigval, gate_domain=gate_domain, safe_gate=safe_gate,
+                 a_log=a_log, dt_bias=dt_bias)
+    if g.shape[0] != T:
+        raise ReferenceInputError(f"g: expected one row per real token ([T={T}, HO]), got {list(g.shape)}")
+    # The gate transform belongs to the real token; the expanded timeline then carries a plain
+    # log-decay on sub-token 0 and no decay (0) on the others.
+    pre = compute_dtype if compute_dtype.itemsize >= 4 else torch.float32
+    g_eff = _effective_log_gate(
+        _SPECS["gdn"], g.to(pre), gate_domain=gate_domain, safe_gate=safe_gate,
+        a_log=a_log.to(pre) if a_log is not None else None, dt_bias=dt_bias.to(pre) if dt_bias is not None else None,
+        gate_lower_bound=None, HO=HO, K=q.shape[2],
+    )
+    q_pre = q.to(pre)
+    q_sub = torch.cat([q_pre.new_zeros(T, n - 1, *q.shape[1:]), q_pre.unsqueeze(1)], dim=1).reshape(T * n, *q.shape[1:])
+    g_sub = torch.cat([g_eff.unsqueeze(1), g_eff.new_zeros(T, n - 1, HO)], dim=1).reshape(T * n, HO)
+    if cu_seqlens is not None:
+        layouts.check_cu_seqlens(cu_seqlens, T)
+    cu = None if cu_seqlens is None else cu_seqlens * n
+    out, final = gdn(
+        q_sub, subtoken["k"], subtoken["v"], g_sub, subtoken["beta"], cu,
+        scale=scale if scale is not None else 1.0 / math.sqrt(q.shape[2]), initial_state=initial_state,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+        state_layout=state_layout, method=method, compute_dtype=compute_dtype, chunk_size=chunk_size,
+    )
+    return out.reshape(T, n, *out.shape[1:])[:, n - 1], final

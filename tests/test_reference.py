@@ -349,3 +349,53 @@ def test_dense_layout_rejects_cu_seqlens_and_mismatched_batches():
     x["v"] = x["v"][:1]
     with pytest.raises(ReferenceInputError, match=r"v: batch/sequence dims \(1, 3\) do not match q's \(2, 3\)"):
         call("gdn", x, layout="bshd")
+
+
+# --- GDP ---------------------------------------------------------------------------------------
+
+
+def _gdp_inputs(T=5, n=3, H=2, K=4, V=3, seed=20):
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=F64)  # noqa: E731
+    return {"q": r(T, H, K), "k": r(T * n, H, K) / 2, "v": r(T * n, H, V),
+            "g": -torch.rand(T, H, generator=gen, dtype=F64), "beta": torch.rand(T * n, H, generator=gen, dtype=F64)}
+
+
+def test_gdp_with_one_householder_is_gdn():
+    x = _gdp_inputs(n=1)
+    cu = torch.tensor([0, 2, 5])
+    out, s = R.gdp(x["q"], x["k"], x["v"], x["g"], x["beta"], cu, 1, output_final_state=True,
+                   use_qk_l2norm_in_kernel=True)
+    ref, ref_s = call("gdn", x, cu_seqlens=cu, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    assert rel_rms(out, ref) <= 1e-15 and rel_rms(s, ref_s) <= 1e-15
+
+
+def test_gdp_matches_an_explicit_subtoken_loop_and_token_major_layout():
+    T, n, K, V = 4, 3, 4, 2
+    x = _gdp_inputs(T=T, n=n, H=1, K=K, V=V, seed=21)
+    out, s = R.gdp(x["q"], x["k"], x["v"], x["g"], x["beta"], None, n, scale=1.0, output_final_state=True,
+                   state_layout="kv")
+    S = torch.zeros(K, V, dtype=F64)
+    for t in range(T):
+        for j in range(n):  # decay on sub-token 0 only; readout after sub-token n-1
+            if j == 0:
+                S = S * x["g"][t, 0].exp()
+            kj, vj, bj = x["k"][t * n + j, 0], x["v"][t * n + j, 0], x["beta"][t * n + j, 0]
+            S = S + bj * torch.outer(kj, vj - S.T @ kj)
+        assert torch.allclose(out[t, 0], S.T @ x["q"][t, 0], rtol=1e-13, atol=1e-14)
+    assert torch.allclose(s[0, 0], S, rtol=1e-13, atol=1e-14)
+    token_major = R.gdp(x["q"], x["k"].reshape(T, n, 1, K), x["v"].reshape(T, n, 1, V), x["g"],
+                        x["beta"].reshape(T, n, 1), None, n, scale=1.0)[0]
+    assert torch.equal(token_major, out)
+
+
+def test_gdp_gradcheck_and_bad_input():
+    x = _gdp_inputs(T=3, n=2, H=1, K=3, V=2, seed=22)
+    leaves = [t.clone().requires_grad_() for t in x.values()]
+    assert torch.autograd.gradcheck(
+        lambda *ts: R.gdp(*ts, torch.tensor([0, 1, 3]), 2, safe_gate=True, output_final_state=True),
+        leaves, eps=1e-6, atol=1e-7, rtol=1e-5)
+    with pytest.raises(ReferenceInputError, match="num_householder: expected a positive integer"):
+        R.gdp(*x.values(), None, 0)
+    with pytest.raises(ReferenceInputError, match=r"k: expected 3 dims with T\*n = 9 rows"):
+        R.gdp(*x.values(), None, 3)
