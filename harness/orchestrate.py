@@ -244,7 +244,8 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
         _run_in_workers(tasks, results_path, opts, on_done)
     progress.close()
 
-    failures = gate.required_failures(required, gate_verdicts, executed, **_declined_kw(declined, decline_reasons))
+    failures = gate.required_failures(required, gate_verdicts, executed,
+                                      declined={k: (n, decline_reasons.get(k, "")) for k, n in declined.items()})
     status = 1 if (statuses["fail"] or statuses["error"] or failures) else 0
     with ResultStream(results_path) as out:
         out.write({"kind": "end", "finished": _now(), "counts": dict(statuses), "exit_status": status,
@@ -252,13 +253,6 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
                    "executed": {f"{b}:{o}": n for (b, o), n in executed.items()}})
     _print_summary(stream, run_dir, gate_verdicts, required, executed, statuses, failures, results_path)
     return status, run_dir
-
-
-def _declined_kw(declined, reasons) -> dict:
-    import inspect
-
-    params = inspect.signature(gate.required_failures).parameters
-    return {"declined": {k: (n, reasons.get(k, "")) for k, n in declined.items()}} if "declined" in params else {}
 
 
 def _now() -> str:
@@ -286,8 +280,7 @@ def _print_summary(stream, run_dir, gate_verdicts, required, executed, statuses,
     if len(groups) > 20:
         w(f"  ... and {len(groups) - 20} more failing case x backend pairs (see the results file)\n")
     if failures:
-        fmt = getattr(gate, "format_required_report", None)
-        w((fmt(failures) if fmt else "\n".join(failures)) + "\n")
+        w(gate.format_required_report(failures) + "\n")
     w(f"results: {results_path}\n")
 
 

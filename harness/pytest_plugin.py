@@ -197,10 +197,7 @@ def _required_failures(config, state) -> list[str]:
 
             verdicts[(spec, op)] = Verdict.no(str(exc))
     declined = {k: (n, state["decline_reason"].get(k, "")) for k, n in state["declined"].items()}
-    import inspect
-
-    kw = {"declined": declined} if "declined" in inspect.signature(gate.required_failures).parameters else {}
-    return gate.required_failures(required, verdicts, state["executed"], **kw)
+    return gate.required_failures(required, verdicts, state["executed"], declined=declined)
 
 
 def _uses_matrix(config) -> bool:
@@ -218,6 +215,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     from . import gate
 
-    fmt = getattr(gate, "format_required_report", None)
     terminalreporter.section("deltacheck required mode", sep="=", red=True, bold=True)
-    terminalreporter.write_line(fmt(state["failures"]) if fmt else "\n".join(state["failures"]))
+    terminalreporter.write_line(gate.format_required_report(state["failures"]))
