@@ -764,6 +764,7 @@ def required_failures(
     declined: Mapping[tuple[str, str], Any] | None = None,
     *,
     backward_selected: Collection[tuple[str, str]] | None = None,
+    backward_runs: Mapping[tuple[str, str], tuple[int, int, str]] | None = None,
 ) -> list[str]:
     """One line per required pair that cannot be qualified (empty list: required mode holds).
 
@@ -774,6 +775,9 @@ def required_failures(
       pytest plugin pass), or the list of reasons.
     - ``backward_selected``: pairs whose selected cases include backward; None (unknown) means all
       required pairs, so a gate-level backward refusal is never silently passed over.
+    - ``backward_runs``: per pair, ``(backward cases that ran forward, of them with gradients judged,
+      first backward-decline reason)``; a required pair whose backward cases all had their backward
+      declined case by case fails too (the pair-level verdict cannot see per-case declines).
     - ``required`` may be the ``required_spec`` mapping, so each line also says what required it.
     """
     declined = declined or {}
@@ -791,7 +795,7 @@ def required_failures(
         if verdict is None and n_exec == 0 and n_decl == 0:
             failures.append(
                 f"REQUIRED {name} was not part of this run (no gate verdict, zero cases); "
-                f"select it with --backend {pair[0]} --op {pair[1]}{src}"
+                f"select it with --backend {pair[0]} --op {pair[1]} (under pytest: --dc-backend {pair[0]}){src}"
             )
             continue
         if n_exec == 0:
@@ -810,6 +814,14 @@ def required_failures(
         wants_bwd = backward_selected is None or pair in backward_selected
         if verdict is not None and not verdict.backward and wants_bwd:
             failures.append(f"REQUIRED {name} cannot run its backward: {_strip_pair(verdict.backward_reason, name)}{src}")
+            continue
+        n_bwd, n_bwd_ran, bwd_why = (backward_runs or {}).get(pair, (0, 0, ""))
+        if n_bwd and not n_bwd_ran:
+            why = f"; first reason: {bwd_why}" if bwd_why else ""
+            failures.append(
+                f"REQUIRED {name} ran no backward: all {n_bwd} backward case(s) had their gradients declined{why}; "
+                f"fix that cause or select backward cases it serves{src}"
+            )
     return failures
 
 

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict
@@ -75,26 +76,43 @@ def run_task(runner: CaseRunner, case: Case, spec: str, env) -> list[Result]:
     except BackendLoadError as exc:
         base = dict(case=case.id, backend=spec, op=case.op, repro=repro_command(case, spec))
         return [Result(check="forward", status="error", reason=str(exc), **base)]
+    base = dict(case=case.id, backend=spec, op=case.op, repro=repro_command(case, spec))
     if case.op not in backend.ops:
         verdict = Verdict.no(f"{spec} does not implement {case.op}")
     else:
         try:
             verdict = backend.check(case, env)
         except Exception as exc:  # noqa: BLE001 - a crashing check is that case's error, not the run's end
-            base = dict(case=case.id, backend=spec, op=case.op, repro=repro_command(case, spec))
             return [Result(check="forward", status="error", reason=f"check() raised {type(exc).__name__}: {exc}",
                            **base)]
-    return runner.run(case, backend, spec, verdict, env)
+    if not verdict.runnable and not verdict.reason:  # a silent decline would be a silent skip
+        verdict = Verdict.no(f"{spec}.check() declined without giving a reason")
+    if verdict.runnable and not verdict.backward and not verdict.backward_reason:
+        verdict = Verdict(True, "", False, f"{spec}.check() refused the backward without giving a reason",
+                          verdict.notes)
+    try:
+        return runner.run(case, backend, spec, verdict, env)
+    except Exception as exc:  # noqa: BLE001 - the harness's own failure on one case must not end the run
+        import traceback
+
+        return [Result(check="forward", status="error", reason=f"harness error: {type(exc).__name__}: {exc}",
+                       metrics={"traceback": traceback.format_exc(limit=-4)}, **base)]
 
 
 def _task_summary(results: list[Result]) -> dict:
     statuses = Counter(r.status for r in results)
     fwd = next((r for r in results if r.check == "forward"), None)
+    executed = fwd is not None and fwd.status in ("pass", "fail")
+    grads = [r for r in results if r.check.startswith("grad_")]
     return {
         "statuses": dict(statuses),
-        "executed": fwd is not None and fwd.status in ("pass", "fail"),
+        "executed": executed,
         "declined": fwd is not None and fwd.status == "skip",
         "decline_reason": fwd.reason if fwd is not None and fwd.status == "skip" else "",
+        # a backward case that ran forward: were its gradients judged, or declined?
+        "backward_case": executed and bool(grads),
+        "backward_ran": any(r.status in ("pass", "fail") for r in grads),
+        "backward_reason": next((r.reason for r in grads if r.status == "skip"), ""),
     }
 
 
@@ -111,7 +129,8 @@ def worker_main() -> int:
         for line in sys.stdin:
             task = json.loads(line)
             print(f"START {task['i']}", flush=True)
-            results = run_task(runner, Case.from_id(task["case"]), task["backend"], env)
+            case = Case.from_id(task["case"])
+            results = run_task(runner, case, task["backend"], env)
             for r in results:
                 stream.write(r)
             print(f"DONE {task['i']} {json.dumps(_task_summary(results))}", flush=True)
@@ -127,10 +146,12 @@ def _run_in_workers(tasks, results_path, opts, on_done, max_restarts=50):
             [sys.executable, "-m", "deltacheck.harness.worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
         )
-        proc.stdin.write(json.dumps({"results": str(results_path), "opts": asdict(opts)}) + "\n")
-        for i, (case, spec) in remaining:
-            proc.stdin.write(json.dumps({"i": i, "case": case.id, "backend": spec}) + "\n")
-        proc.stdin.close()
+        lines = [json.dumps({"results": str(results_path), "opts": asdict(opts)})]
+        lines += [json.dumps({"i": i, "case": case.id, "backend": spec}) for i, (case, spec) in remaining]
+        # A thread feeds stdin while this one reads stdout: writing everything first deadlocks once both
+        # pipe buffers fill (thousands of tasks).
+        feeder = threading.Thread(target=_feed, args=(proc.stdin, lines), daemon=True)
+        feeder.start()
         in_flight = None
         finished = set()
         for line in proc.stdout:
@@ -144,6 +165,7 @@ def _run_in_workers(tasks, results_path, opts, on_done, max_restarts=50):
                 on_done(int(idx), json.loads(summary))
         proc.stdout.close()
         code = proc.wait()
+        feeder.join(timeout=10)
         remaining = [t for t in remaining if t[0] not in finished]
         if not remaining:
             break
@@ -159,11 +181,21 @@ def _run_in_workers(tasks, results_path, opts, on_done, max_restarts=50):
                                     tokens=case.total_tokens, max_len=case.max_len, tier=case.tier,
                                     repro=repro_command(case, spec)))
         on_done(in_flight, {"statuses": {"error": len(checks_for(case))}, "executed": False, "declined": False,
-                            "decline_reason": "", "crashed": reason})
+                            "decline_reason": "", "backward_case": False, "backward_ran": False,
+                            "backward_reason": "", "crashed": reason})
         remaining = [t for t in remaining if t[0] != in_flight]
         restarts += 1
         if restarts > max_restarts:
             raise RuntimeError(f"worker crashed {restarts} times; giving up (see {results_path})")
+
+
+def _feed(stdin, lines: list[str]) -> None:
+    try:
+        for line in lines:
+            stdin.write(line + "\n")
+        stdin.close()
+    except (BrokenPipeError, OSError, ValueError):
+        pass  # the worker died; the reader side records the crash and restarts
 
 
 def _describe_exit(code: int) -> str:
@@ -205,7 +237,7 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
             for op in OPS:
                 if backend is None:
                     v = Verdict.no(str(load_errors[spec]))
-                elif op not in backend.ops:
+                elif op not in backend.ops and (spec, op) not in required:
                     continue
                 else:
                     v = pair_availability(backend, spec, op, env)
@@ -222,11 +254,18 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
     progress = Progress(len(tasks))
     by_index = dict(tasks)
 
+    backward_runs: dict = defaultdict(lambda: [0, 0, ""])
+
     def on_done(i, summary):
         case, spec = by_index[i]
         statuses.update(summary["statuses"])
         if summary["executed"]:
             executed[(spec, case.op)] += 1
+        if summary.get("backward_case"):
+            tally = backward_runs[(spec, case.op)]
+            tally[0] += 1
+            tally[1] += summary["backward_ran"]
+            tally[2] = tally[2] or summary["backward_reason"]
         if summary["declined"]:
             declined[(spec, case.op)] += 1
             decline_reasons.setdefault((spec, case.op), summary["decline_reason"])
@@ -244,8 +283,12 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
         _run_in_workers(tasks, results_path, opts, on_done)
     progress.close()
 
-    failures = gate.required_failures(required, gate_verdicts, executed,
-                                      declined={k: (n, decline_reasons.get(k, "")) for k, n in declined.items()})
+    failures = gate.required_failures(
+        required, gate_verdicts, executed,
+        declined={k: (n, decline_reasons.get(k, "")) for k, n in declined.items()},
+        backward_selected={(spec, case.op) for case, spec in by_index.values() if case.backward},
+        backward_runs={k: tuple(v) for k, v in backward_runs.items()},
+    )
     status = 1 if (statuses["fail"] or statuses["error"] or failures) else 0
     with ResultStream(results_path) as out:
         out.write({"kind": "end", "finished": _now(), "counts": dict(statuses), "exit_status": status,
@@ -328,6 +371,11 @@ def cmd_run(args) -> int:
         print(f"deltacheck run: {exc}", file=sys.stderr)
         return 2
     specs = args.backend or list(FUSED_DEFAULT)
+    try:
+        gate.required_pairs(os.environ)
+    except ValueError as exc:  # gate.RequireSpecError: a malformed setting is a usage error
+        print(f"deltacheck run: {exc}", file=sys.stderr)
+        return 2
     status, run_dir = execute(cases, specs, args.out, _options(args), in_process=args.in_process,
                               argv=sys.argv[1:])
     if args.report:
@@ -362,8 +410,9 @@ def add_cli(sub) -> None:
 
     v = sub.add_parser("verify", help="the main job: reference self-check + available fused backends, with a report",
                        description="Runs the tier against the chunked reference (checked against the token "
-                                   "oracle), the same-precision baseline, and cuDNN / FLA where this machine can "
-                                   "run them; unavailable backends are reported with their reasons.")
+                                   "oracle; above 2048 tokens the references swap roles, so neither is compared "
+                                   "with itself) and cuDNN / FLA where this machine can run them; unavailable "
+                                   "backends are reported with their reasons.")
     _add_common(v)
     v.add_argument("--backend", action="append", help="override the backend list")
     v.set_defaults(func=cmd_verify)

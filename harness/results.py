@@ -21,7 +21,7 @@ STATUSES = ("pass", "fail", "skip", "error")
 class Result:
     case: str
     backend: str
-    check: str  # forward | state | continuation_ref | continuation_self | grad_<input> | determinism | unwritten_output | input_bounds
+    check: str  # forward | state | continuation_ref | continuation_self | grad_<input> | determinism
     status: str  # pass | fail | skip | error
     reason: str = ""
     op: str = ""

@@ -5,7 +5,9 @@ Checks: ``forward`` (output), ``state`` (final state), ``continuation_ref`` and 
 own single call), ``grad_<input>`` (weighted loss on output and final state, against fp64 autograd
 through the reference), ``determinism`` (two runs, bitwise). Inputs handed to a backend sit inside
 larger buffers whose margins hold NaN, so an out-of-bounds read poisons the output and fails
-``forward``; adapters prefill the outputs they allocate with NaN, so an unwritten tail does too.
+``forward`` with a NaN count. Any NaN in an output fails its check; an adapter that allocates an
+output itself should prefill it with NaN so an unwritten tail shows up the same way (today's cuDNN
+and FLA adapters do not allocate: the libraries do, with ``torch.empty``).
 """
 
 from __future__ import annotations
@@ -127,6 +129,10 @@ def segment_case(case: Case, lens: list[int]) -> Case:
 # --- the reference side, computed once per case --------------------------------------------------
 
 
+class ReferenceFailure(Exception):
+    """The reference side of a case could not be computed (never blamed on the backend under test)."""
+
+
 @dataclass
 class Expected:
     out: torch.Tensor  # packed [T, HO, V], fp64
@@ -162,17 +168,21 @@ def _forward_backward(backend: Backend, case: Case, inputs: dict, names: list[st
     return out, state, grads
 
 
-def reference_name(case: Case, mode: str) -> str:
-    if mode == "auto":
-        return "oracle" if case.total_tokens <= ORACLE_MAX_TOKENS else "chunked"
-    return mode
+def reference_name(case: Case, mode: str, subject: str = "") -> str:
+    """The fp64 reference for ``case``; in auto mode never the backend under test itself, so the
+    chunked reference is always judged by the oracle and vice versa."""
+    if mode != "auto":
+        return mode
+    name = "oracle" if case.total_tokens <= ORACLE_MAX_TOKENS else "chunked"
+    if name == subject:
+        name = "chunked" if name == "oracle" else "oracle"
+    return name
 
 
-def compute_expected(case: Case, opts: RunOptions) -> Expected:
+def compute_expected(case: Case, opts: RunOptions, ref_name: str) -> Expected:
     t0 = time.perf_counter()
     base = make_inputs(case, opts.device)
     names = grad_inputs(case) if case.backward else []
-    ref_name = reference_name(case, opts.reference)
     ref = get_backend(ref_name)
     float_names = [n for n, x in base.items() if x is not None and x.is_floating_point()]
     ref_inputs = _leaves(base, float_names, F64) if names else {
@@ -209,12 +219,22 @@ class CaseRunner:
         self.keep = keep  # how many cases' expected values to hold (tasks arrive case-major: 1 suffices)
         self._expected: dict[str, Expected] = {}
 
-    def expected(self, case: Case) -> Expected:
-        if case.id not in self._expected:
+    def expected(self, case: Case, subject: str = "") -> Expected:
+        """The reference side of ``case`` (cached); raises ReferenceFailure, also cached, if it failed."""
+        ref = reference_name(case, self.opts.reference, subject)
+        key = f"{case.id}|{ref}"
+        if key not in self._expected:
             while len(self._expected) >= self.keep:
                 self._expected.pop(next(iter(self._expected)))
-            self._expected[case.id] = compute_expected(case, self.opts)
-        return self._expected[case.id]
+            try:
+                self._expected[key] = compute_expected(case, self.opts, ref)
+            except Exception as exc:  # noqa: BLE001 - reported once per case as the reference's failure
+                self._expected[key] = ReferenceFailure(f"the {ref} reference failed on this case: "
+                                                       f"{type(exc).__name__}: {exc}")
+        got = self._expected[key]
+        if isinstance(got, ReferenceFailure):
+            raise got
+        return got
 
     def run(self, case: Case, backend: Backend, backend_spec: str, verdict: Verdict, env=None) -> list[Result]:
         base = dict(
@@ -224,16 +244,20 @@ class CaseRunner:
         )
         if not verdict.runnable:
             return [Result(check=c, status="skip", reason=verdict.reason, **base) for c in checks_for(case)]
+        try:
+            exp = self.expected(case, backend_spec)
+        except ReferenceFailure as exc:  # not the backend's fault: no check can be judged
+            return [Result(check=c, status="error", reason=str(exc), **base) for c in checks_for(case)]
         results: list[Result] = []
         # Stages are guarded one by one: an exception is that stage's error result, and the stages
         # after it still run. Only a failing first call leaves nothing to judge.
-        forward = self._guard(results, case, base, "forward", self._forward, case, backend, verdict, base)
+        forward = self._guard(results, case, base, "forward", self._forward, case, backend, verdict, base, exp)
         if forward is None:
             return self._fill_errors(results, case, base, "not run: the first call raised")
         inputs, out, state = forward
         if case.splits:
             self._guard(results, case, base, "continuation_ref", self._continuation_checks, case, backend, inputs,
-                        out, state, base)
+                        out, state, base, exp)
         self._guard(results, case, base, "determinism", self._determinism, case, backend, inputs, out, state, base)
         return results
 
@@ -278,9 +302,8 @@ class CaseRunner:
             reason += f"; diverges at token {m['first_bad_token']}, worst seq {m['worst_seq']}, head {m['worst_head']}"
         return Result(check=check, status="fail", reason=reason, metrics=m, seconds=seconds, **base)
 
-    def _forward(self, case, backend, verdict, base, results):
+    def _forward(self, case, backend, verdict, base, exp, results):
         opts = self.opts
-        exp = self.expected(case)
         offsets = offsets_of(case)
         names = grad_inputs(case) if case.backward and verdict.backward else []
         inputs = {n: guarded(x, opts.margin) for n, x in make_inputs(case, opts.device).items()}
@@ -312,8 +335,7 @@ class CaseRunner:
                 results.append(self._judge(case, q, check, got, want, exp.baseline_err.get(q), base, 0.0))
         return inputs, out, state
 
-    def _continuation_checks(self, case, backend, inputs, out, state, base, results):
-        exp = self.expected(case)
+    def _continuation_checks(self, case, backend, inputs, out, state, base, exp, results):
         offsets = offsets_of(case)
         packed = to_packed(out, case).detach().to(F64)
         want = (case.N, case.HO, case.K, case.V)
@@ -335,8 +357,11 @@ class CaseRunner:
         results.append(r)
 
     def _determinism(self, case, backend, inputs, out, state, base, results):
-        with torch.no_grad():
-            out2, state2 = backend.run(case, {n: (x.detach() if x is not None else None) for n, x in inputs.items()})
+        # The second call runs in the same grad mode as the first (some engines plan training and inference
+        # differently), on the very same input tensors.
+        grad_mode = any(isinstance(x, torch.Tensor) and x.requires_grad for x in inputs.values())
+        with torch.set_grad_enabled(grad_mode):
+            out2, state2 = backend.run(case, inputs)
         if bitwise_equal(out2, out) and bitwise_equal(state2, state):
             results.append(Result(check="determinism", status="pass", **base))
         else:
@@ -376,7 +401,7 @@ class CaseRunner:
                 a, b = seg_offsets[s][n], seg_offsets[s][n + 1]
                 pieces.append(outs_by_seg[s][a:b])
         if state_vk is None:  # no segment had a token and there was no initial state
-            final = torch.zeros(case.N, case.HO, case.K, case.V, dtype=F64)
+            final = torch.zeros(case.N, case.HO, case.K, case.V, dtype=F64, device=inputs["q"].device)
         else:
             final = layouts.state_convert(state_vk, "vk", "kv").to(F64)
         return torch.cat(pieces), final

@@ -49,3 +49,21 @@ class Crashing(Working):
         if case.op == "kda":
             os._exit(139)
         return super().run(case, inputs)
+
+
+class NoBackward(Working):
+    """Runs the forward, declines every case's backward (as cuDNN's Hopper KDA engine does on GQA)."""
+
+    name = "nobackward"
+
+    def check(self, case, env):
+        return Verdict.ok(backward=False, backward_reason="fake engine: no backward for this configuration")
+
+
+class Mute(Working):
+    """Declines without saying why: the harness must not turn that into a silent skip."""
+
+    name = "mute"
+
+    def check(self, case, env):
+        return Verdict(False, "")

@@ -112,6 +112,7 @@ def test_junit_has_one_testcase_per_result_plus_the_required_failure(rendered):
 
 
 def test_html_is_self_contained_with_four_embedded_plots(rendered):
+    pytest.importorskip("matplotlib", reason="the plots need the [report] extra (matplotlib)")
     html = (rendered / "report.html").read_text()
     assert html.count(IMG) == 4
     for title in ("error vs sequence length", "error vs gate profile", "Error across tokens, worst case",

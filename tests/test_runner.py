@@ -101,6 +101,7 @@ SITUATIONS = {
     "backend raises on import": ("broken_backend_module:Obj", None, "broken_backend_module:Obj:kda"),
     "-k selects zero cases of the pair": ("fake_backends:Working", "gdn2", "fake_backends:Working:kda"),
     "pair runs": ("fake_backends:Working", "kda", "fake_backends:Working:kda"),
+    "backward declined on every case": ("fake_backends:NoBackward", "kda and bwd", "fake_backends:NoBackward:kda"),
 }
 
 
@@ -133,7 +134,7 @@ def test_cli_and_pytest_agree(situation, required, tmp_path):
     py_rc, py_text = pytest_outcome(spec, k, require)
     fails = (cli_rc != 0, py_rc != 0)
     assert fails[0] == fails[1], f"CLI exit {cli_rc}, pytest exit {py_rc}\nCLI:\n{cli_text}\npytest:\n{py_text}"
-    if situation == "pair runs":
+    if situation == "pair runs" or (situation == "backward declined on every case" and not required):
         assert fails == (False, False)
     elif required:
         assert fails == (True, True)  # never a silent pass
@@ -142,3 +143,34 @@ def test_cli_and_pytest_agree(situation, required, tmp_path):
         assert "cannot import module 'broken_backend_module'" in cli_text + py_text
     else:
         assert fails == (False, False)  # not required: a skip with its reason
+
+
+def test_thousands_of_tasks_through_the_worker_do_not_deadlock(tmp_path, monkeypatch):
+    """Pipes are fed by a thread: writing every task before reading would block once both buffers fill."""
+    monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
+    cases = select("L1")
+    status, run_dir = run(["fake_backends:Declining"], tmp_path, in_process=False, cases=cases)
+    end = records(run_dir)[-1]
+    assert status == 0 and end["kind"] == "end" and end["counts"]["skip"] >= len(cases)
+
+
+def test_a_decline_without_a_reason_is_reported_not_silent(tmp_path):
+    status, run_dir = run(["fake_backends:Mute"], tmp_path)
+    skips = [r for r in records(run_dir) if r.get("status") == "skip"]
+    assert skips and all("declined without giving a reason" in r["reason"] for r in skips)
+
+
+def test_malformed_require_setting_is_a_usage_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("DELTACHECK_REQUIRE", "cudnn")
+    assert cli_main(["run", "--backend", "oracle", "--limit", "1", "--out", str(tmp_path), "--in-process"]) == 2
+
+
+def test_the_reference_is_never_the_backend_under_test():
+    from deltacheck.cases import Case
+    from deltacheck.harness.runner import reference_name
+
+    short = Case.from_id(CASE_IDS[0])
+    long = Case(op="gdn", layout="thd", seqlens=(3000,), H=2, HK=2, HV=2, K=64, V=64, tier="L1")
+    assert reference_name(short, "auto", "oracle") == "chunked"
+    assert reference_name(long, "auto", "chunked") == "oracle"
+    assert reference_name(long, "auto", "cudnn") == "chunked"
