@@ -15,7 +15,7 @@ A WORD is any run of characters other than whitespace and parentheses, so ids (w
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 _TOKEN = re.compile(r"\s*(\(|\)|[^\s()]+)")
 _KEYWORDS = ("and", "or", "not")

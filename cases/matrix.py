@@ -20,8 +20,7 @@ import random
 from collections import Counter
 
 from .kexpr import compile_k
-from .spec import (BETA_PROFILES, GATE_PROFILES, IO_DTYPES, LAYOUTS, STATE_DTYPES, TIERS, Case,
-                   CaseError)
+from .spec import BETA_PROFILES, GATE_PROFILES, IO_DTYPES, LAYOUTS, STATE_DTYPES, TIERS, Case, CaseError
 from .support import HEAD_CONFIGS, OP_SUPPORT
 
 # ---------------------------------------------------------------------------------------- axes
@@ -340,7 +339,7 @@ def _dedupe(cases) -> tuple[Case, ...]:
     return tuple(dict.fromkeys(cases))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _build_tier(tier: str) -> tuple[Case, ...]:
     if tier == "L0":
         rng = random.Random("deltacheck-L0")

@@ -234,7 +234,7 @@ class Case:
             "layout": self.layout,
         }
 
-    def replace(self, **changes) -> "Case":
+    def replace(self, **changes) -> Case:
         return dataclasses.replace(self, **changes)
 
     # ------------------------------------------------------------------ id
@@ -274,7 +274,7 @@ class Case:
         return self.id
 
     @classmethod
-    def from_id(cls, text: str) -> "Case":
+    def from_id(cls, text: str) -> Case:
         return parse_id(text)
 
 

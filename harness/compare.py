@@ -161,7 +161,7 @@ def localize(actual: torch.Tensor, ref: torch.Tensor, offsets: list[int], limit:
     worst_head = int(torch.nan_to_num(head_err, nan=math.inf).argmax())
     seq_errs = []
     first_bad = None
-    for n, (s, e) in enumerate(zip(offsets[:-1], offsets[1:])):
+    for s, e in zip(offsets[:-1], offsets[1:]):
         if e == s:
             seq_errs.append(0.0)
             continue

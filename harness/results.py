@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 SCHEMA = 1
 STATUSES = ("pass", "fail", "skip", "error")
@@ -62,7 +63,7 @@ class ResultStream:
     def close(self) -> None:
         self._fh.close()
 
-    def __enter__(self) -> "ResultStream":
+    def __enter__(self) -> ResultStream:
         return self
 
     def __exit__(self, *exc) -> None:

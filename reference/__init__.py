@@ -6,7 +6,7 @@ thd / bshd / sbhd / bhsd and state orientations; ``token_oracle`` is the token-b
 
 from . import layouts
 from .layouts import ReferenceInputError
-from .oracle import token_oracle
 from .ops import gdn, gdn2, gdp, head_index, kda
+from .oracle import token_oracle
 
 __all__ = ["gdn", "kda", "gdn2", "gdp", "layouts", "token_oracle", "head_index", "ReferenceInputError"]

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from deltacheck.harness.backends.base import Verdict, get_backend
-from deltacheck.reference import ops as reference_ops
 from deltacheck.reference import layouts
+from deltacheck.reference import ops as reference_ops
 
 ORACLE = get_backend("oracle")
 

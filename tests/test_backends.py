@@ -12,13 +12,14 @@ import sys
 
 import pytest
 import torch
+from doubles import cudnn_la, fla_ops
+
 from deltacheck.cases import Case, make_inputs
 from deltacheck.harness import gate
 from deltacheck.harness.backends import cudnn as cudnn_adapter
 from deltacheck.harness.backends import fla as fla_adapter
 from deltacheck.harness.backends import reference as ref_backends
 from deltacheck.harness.backends.base import Verdict, get_backend
-from doubles import cudnn_la, fla_ops
 
 TOL = 1e-12
 ENV = gate.Env(cuda=True, device_name="NVIDIA B200 (test double)", capability=(10, 0),

@@ -7,8 +7,20 @@ import random
 
 import pytest
 
-from deltacheck.cases import (MAIN_AXES, OP_SUPPORT, TIER_AXES, TIER_BUDGETS, Case, CaseError, axis_values,
-                              coverage_table, interaction_coverage, pair_coverage, select, tier_cases)
+from deltacheck.cases import (
+    MAIN_AXES,
+    OP_SUPPORT,
+    TIER_AXES,
+    TIER_BUDGETS,
+    Case,
+    CaseError,
+    axis_values,
+    coverage_table,
+    interaction_coverage,
+    pair_coverage,
+    select,
+    tier_cases,
+)
 from deltacheck.cases.cli import main as cli_main
 from deltacheck.cases.matrix import L0_MAX_HEADS, L0_MAX_TOKENS, covering_rows
 

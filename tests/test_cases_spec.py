@@ -8,8 +8,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deltacheck.cases import (BETA_PROFILES, GATE_PROFILES, IO_DTYPES, LAYOUTS, OP_SUPPORT, STATE_DTYPES,
-                              TIERS, Case, CaseError, KExprError, compile_k)
+from deltacheck.cases import (
+    BETA_PROFILES,
+    GATE_PROFILES,
+    IO_DTYPES,
+    LAYOUTS,
+    OP_SUPPORT,
+    STATE_DTYPES,
+    TIERS,
+    Case,
+    CaseError,
+    KExprError,
+    compile_k,
+)
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 import subprocess
-import zlib
 import sys
+import zlib
 from pathlib import Path
 
 import pytest

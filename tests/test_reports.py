@@ -16,10 +16,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+
+from deltacheck.harness.rundir import new_run_dir, provenance
 from deltacheck.reports import cli as reports_cli
 from deltacheck.reports.load import RunInputError, load_run
 from deltacheck.reports.render import REPORT_FILES, write_reports
-from deltacheck.harness.rundir import new_run_dir, provenance
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 IMG = '<img src="data:image/png;base64,'

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from deltacheck.reports import cli as reports_cli
 from deltacheck.reports.compare import compare_runs
 from deltacheck.reports.load import load_run

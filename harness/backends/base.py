@@ -10,8 +10,9 @@ compute dtype); ``out`` is in the case's own layout, in whatever dtype the kerne
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -30,11 +31,11 @@ class Verdict:
     notes: tuple[str, ...] = ()
 
     @classmethod
-    def ok(cls, *notes: str, backward: bool = True, backward_reason: str = "") -> "Verdict":
+    def ok(cls, *notes: str, backward: bool = True, backward_reason: str = "") -> Verdict:
         return cls(True, "", backward, backward_reason, tuple(notes))
 
     @classmethod
-    def no(cls, reason: str) -> "Verdict":
+    def no(cls, reason: str) -> Verdict:
         if not reason:
             raise ValueError("Verdict.no needs a reason: a decline without one is a silent skip")
         return cls(False, reason, False, reason)

@@ -23,6 +23,7 @@ import math
 import types
 
 import torch
+
 from deltacheck import reference
 
 VERSION = "1.32.0"

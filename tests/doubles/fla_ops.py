@@ -22,6 +22,7 @@ from __future__ import annotations
 import types
 
 import torch
+
 from deltacheck import reference
 
 VERSION = "0.6.0"
