@@ -32,6 +32,8 @@ def pytest_addoption(parser):
     group.addoption("--dc-limit", type=int, default=0, help="at most this many cases")
     group.addoption("--dc-reference", default="auto", choices=["auto", "oracle", "chunked"])
     group.addoption("--dc-device", default=None, help="torch device (default: cuda if available, else cpu)")
+    group.addoption("--dc-no-baseline", action="store_true",
+                    help="skip the same-precision baseline (limits fall back to the absolute thresholds)")
 
 
 def pytest_configure(config):
@@ -101,7 +103,8 @@ def dc_runner(request):
 
     config = request.config
     device = config.getoption("--dc-device") or ("cuda" if torch.cuda.is_available() else "cpu")
-    return CaseRunner(RunOptions(device=device, reference=config.getoption("--dc-reference")))
+    return CaseRunner(RunOptions(device=device, reference=config.getoption("--dc-reference"),
+                                 baseline=not config.getoption("--dc-no-baseline")))
 
 
 @pytest.fixture(scope="session")

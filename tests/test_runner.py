@@ -99,9 +99,10 @@ SITUATIONS = {
     # name: (backend spec, -k expression, DELTACHECK_REQUIRE pair)
     "engine declines every case": ("fake_backends:Declining", None, "fake_backends:Declining:kda"),
     "backend raises on import": ("broken_backend_module:Obj", None, "broken_backend_module:Obj:kda"),
-    "-k selects zero cases of the pair": ("fake_backends:Working", "gdn2", "fake_backends:Working:kda"),
-    "pair runs": ("fake_backends:Working", "kda", "fake_backends:Working:kda"),
-    "backward declined on every case": ("fake_backends:NoBackward", "kda and bwd", "fake_backends:NoBackward:kda"),
+    "-k selects zero cases of the pair": ("fake_backends:Working", "gdn2 and K64-V64", "fake_backends:Working:kda"),
+    "pair runs": ("fake_backends:Working", "kda and K64-V64", "fake_backends:Working:kda"),
+    "backward declined on every case": ("fake_backends:NoBackward", "kda and bwd and K64-V64",
+                                        "fake_backends:NoBackward:kda"),
 }
 
 
@@ -118,7 +119,7 @@ def cli_outcome(spec, k, require, tmp_path):
 def pytest_outcome(spec, k, require):
     env = dict(ENV, DELTACHECK_REQUIRE=require) if require else dict(ENV)
     argv = [sys.executable, "-m", "pytest", str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider",
-            "--dc-backend", spec, "--dc-limit", "2", "--dc-reference", "oracle"]
+            "--dc-backend", spec, "--dc-limit", "2", "--dc-reference", "oracle", "--dc-no-baseline"]
     if k:
         argv += ["--dc-k", k]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=TESTS.parent)
