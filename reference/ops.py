@@ -77,6 +77,49 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
 
 
+# cuDNN FE 1.32 frost/common/beta_guard.py: margin, quantization tolerance and the io dtypes' epsilons.
+BETA_GUARD_MARGIN = 1.0 / 32
+BETA_GUARD_QUANT_TOL_MULT = 4.0
+_IO_EPS = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+
+
+def guarded_beta(beta: torch.Tensor, k_normed: torch.Tensor, g: torch.Tensor, io_dtype: torch.dtype) -> torch.Tensor:
+    """GDN2's ``beta_guard``: per (token, head), keep the erase ``I - k (beta*k)^T`` non-expansive under
+    this token's decay budget, exactly as cuDNN FE 1.32 frost/common/beta_guard.py specifies.
+
+    ``beta [T, HO, K]`` (after the sigmoid), ``k_normed [T, HO, K]`` (l2-normalized), ``g [T, HO, K]`` (the
+    effective log-decay). With ``w = k^2``, ``n = sum w``, ``a = sum beta w``, ``nu = sum beta^2 w`` and
+    ``1/c^2 = max_d exp(g_d)^2``, a row is unsafe when ``n nu - a^2 > (c^2 - 1)(1 - (1 - a)^2 / c^2)``; it is
+    shrunk toward ``mu = a / n`` by ``eta = sqrt((1 - 1/32) r2_crit / r2)``, rounded to the io dtype and
+    re-tested with a quantization tolerance, falling back to the flat ``mu``. The backward is straight-through.
+    """
+    with torch.no_grad():
+        x = beta.detach()
+        w = k_normed.detach() ** 2
+        n, a, nu = w.sum(-1), (x * w).sum(-1), (x * x * w).sum(-1)
+        inv_c2 = torch.exp(g.detach()).amax(-1) ** 2
+        c2 = 1.0 / inv_c2
+
+        def crit(a_):
+            return torch.clamp((c2 - 1.0) * (1.0 - (1.0 - a_) ** 2 * inv_c2), min=0.0)
+
+        r2 = torch.clamp(n * nu - a * a, min=0.0)
+        r2_crit = crit(a)
+        unsafe = (n > 1e-20) & (r2 > r2_crit)
+        inv_n = 1.0 / torch.clamp(n, min=1e-20)
+        mu = a * inv_n
+        eta = torch.sqrt((1.0 - BETA_GUARD_MARGIN) * r2_crit / torch.clamp(r2, min=1e-30)).clamp(0.0, 1.0)
+        cand = torch.where(unsafe.unsqueeze(-1), mu.unsqueeze(-1) + eta.unsqueeze(-1) * (x - mu.unsqueeze(-1)), x)
+        cand = cand.to(io_dtype).to(x.dtype)
+        a_q, nu_q = (cand * w).sum(-1), (cand * cand * w).sum(-1)
+        r2_q = torch.clamp(n * nu_q - a_q * a_q, min=0.0)
+        tol = BETA_GUARD_QUANT_TOL_MULT * _IO_EPS.get(io_dtype, 2.0**-7) * (n * nu_q + a_q * a_q)
+        fallback = unsafe & (r2_q > crit(a_q) + tol)
+        mu_q = (a_q * inv_n).to(io_dtype).to(x.dtype)
+        out = torch.where(fallback.unsqueeze(-1), mu_q.unsqueeze(-1).expand_as(cand), cand)
+    return beta + (out - beta).detach()  # straight-through: the kernels recompute it, never differentiate it
+
+
 def _check_flags(spec, *, use_beta_sigmoid_in_kernel, allow_neg_eigval, gate_domain, safe_gate, a_log, dt_bias):
     if gate_domain not in ("log", "linear"):
         raise ReferenceInputError(f"gate_domain: expected 'log' or 'linear', got {gate_domain!r}")
@@ -115,7 +158,7 @@ def _run(
     q, k, v, g, beta, w, cu_seqlens, *,
     scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
     allow_neg_eigval, gate_domain, safe_gate, gate_lower_bound, a_log, dt_bias,
-    layout, state_layout, method, compute_dtype, chunk_size,
+    layout, state_layout, method, compute_dtype, chunk_size, beta_guard=False,
 ):
     layouts.check_layout(layout)
     layouts.check_state_layout(state_layout)
@@ -127,6 +170,10 @@ def _run(
         spec, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
         gate_domain=gate_domain, safe_gate=safe_gate, a_log=a_log, dt_bias=dt_bias,
     )
+    if beta_guard and not use_qk_l2norm_in_kernel:
+        raise ReferenceInputError(
+            "beta_guard: needs use_qk_l2norm_in_kernel=True (the guard is defined on the normalized key, as in cuDNN)"
+        )
 
     # --- layout -> thd -------------------------------------------------------------------------
     tokenwise = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
@@ -221,6 +268,7 @@ def _run(
     # fully decayed gate is log(0) = -inf, and sigmoid(-30) flushes to 0. The recurrence itself then
     # runs in compute_dtype (bf16/fp16 for the same-precision baseline).
     cd = compute_dtype if compute_dtype.itemsize >= 4 else torch.float32
+    io_dtype = q.dtype
     q, k, v, g, beta = (x.to(cd) for x in (q, k, v, g, beta))
     w = w.to(cd) if w is not None else None
     a_log = a_log.to(cd) if a_log is not None else None
@@ -234,6 +282,8 @@ def _run(
         gate_lower_bound=gate_lower_bound, HO=HO, K=K,
     )
     q, k, v = _expand_heads(q, HO), _expand_heads(k, HO), _expand_heads(v, HO)
+    if beta_guard:
+        beta = guarded_beta(beta, k, g, io_dtype)
     if cd != compute_dtype:
         q, k, v, g, beta = (x.to(compute_dtype) for x in (q, k, v, g, beta))
         w = w.to(compute_dtype) if w is not None else None
@@ -341,12 +391,13 @@ def gdn2(
     q, k, v, g, beta, w, cu_seqlens=None, *, scale=None, initial_state=None, output_final_state=False,
     use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
     gate_domain="log", safe_gate=False, gate_lower_bound=DEFAULT_GATE_LOWER_BOUND, a_log=None, dt_bias=None,
-    layout="thd", state_layout="vk", method="oracle", compute_dtype=torch.float64, chunk_size=64,
+    layout="thd", state_layout="vk", method="oracle", compute_dtype=torch.float64, chunk_size=64, beta_guard=False,
 ):
     """Gated DeltaNet 2: channel-wise decay ``g [T, HO, K]``, erase gate ``beta [T, HO, K]`` and write
     gate ``w [T, HO, V]``.
 
     ``S <- Diag(exp g_t) S;  S <- S + k_t (w_t*v_t - S^T (beta_t*k_t))^T;  o_t = scale * S^T q_t``.
+    ``beta_guard=True`` (needs l2norm) applies cuDNN's erase-side safeguard, see ``guarded_beta``.
     """
     return _run(
         _SPECS["gdn2"], q, k, v, g, beta, w, cu_seqlens, scale=scale, initial_state=initial_state,
@@ -354,7 +405,7 @@ def gdn2(
         use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
         gate_domain=gate_domain, safe_gate=safe_gate, gate_lower_bound=gate_lower_bound, a_log=a_log,
         dt_bias=dt_bias, layout=layout, state_layout=state_layout, method=method, compute_dtype=compute_dtype,
-        chunk_size=chunk_size,
+        chunk_size=chunk_size, beta_guard=beta_guard,
     )
 
 

@@ -399,3 +399,67 @@ def test_gdp_gradcheck_and_bad_input():
         R.gdp(*x.values(), None, 0)
     with pytest.raises(ReferenceInputError, match=r"k: expected 3 dims with T\*n = 9 rows"):
         R.gdp(*x.values(), None, 3)
+
+
+# --- GDN2 beta_guard -------------------------------------------------------------------------------
+
+
+def _guard_inputs(seed=30, T=6, H=2, K=4, V=3, decay=True):
+    x = make("gdn2", T=T, H=H, K=K, V=V, seed=seed)
+    x["beta"] = torch.rand(T, H, K, dtype=F64, generator=torch.Generator().manual_seed(seed)) * 1.9
+    if not decay:
+        x["g"] = torch.zeros_like(x["g"])
+    return x
+
+
+def test_beta_guard_leaves_channel_uniform_beta_alone():
+    x = _guard_inputs()
+    x["beta"] = x["beta"][..., :1].expand_as(x["beta"]).contiguous()
+    plain = call("gdn2", x, use_qk_l2norm_in_kernel=True)[0]
+    guarded = call("gdn2", x, use_qk_l2norm_in_kernel=True, beta_guard=True)[0]
+    assert torch.equal(plain, guarded)
+
+
+def test_beta_guard_without_decay_flattens_beta_to_the_key_weighted_mean():
+    x = _guard_inputs(decay=False)
+    kn = x["k"] / torch.sqrt((x["k"] ** 2).sum(-1, keepdim=True) + 1e-6)
+    w = kn**2
+    mean = (x["beta"] * w).sum(-1, keepdim=True) / w.sum(-1, keepdim=True)
+    flat = call("gdn2", dict(x, beta=mean.expand_as(x["beta"])), use_qk_l2norm_in_kernel=True)[0]
+    guarded = call("gdn2", x, use_qk_l2norm_in_kernel=True, beta_guard=True)[0]
+    assert rel_rms(guarded, flat) <= 1e-14
+
+
+def test_beta_guard_makes_every_erase_non_expansive_under_its_decay():
+    from deltacheck.reference.ops import guarded_beta
+
+    x = _guard_inputs(seed=31, T=40, K=8)
+    x["g"] = -0.05 * torch.rand_like(x["g"])  # a small decay budget, so the guard has work to do
+    kn = x["k"] / torch.sqrt((x["k"] ** 2).sum(-1, keepdim=True) + 1e-6)
+    b = guarded_beta(x["beta"], kn, x["g"], torch.float64)
+    assert not torch.equal(b, x["beta"])  # the profile does trip the guard somewhere
+    for t in range(40):
+        for h in range(2):
+            erase = torch.eye(8, dtype=F64) - torch.outer(kn[t, h], b[t, h] * kn[t, h])
+            step = erase @ torch.diag(torch.exp(x["g"][t, h]))
+            budget = 1.0 / torch.exp(x["g"][t, h]).max()
+            assert torch.linalg.matrix_norm(erase, ord=2) <= budget * (1 + 1e-9), (t, h)
+            assert torch.linalg.matrix_norm(step, ord=2) <= 1 + 1e-9, (t, h)
+
+
+def test_beta_guard_backward_is_straight_through():
+    from deltacheck.reference.ops import guarded_beta
+
+    x = _guard_inputs(seed=32)
+    beta = x["beta"].clone().requires_grad_()
+    out = call("gdn2", dict(x, beta=beta), use_qk_l2norm_in_kernel=True, beta_guard=True)[0]
+    (g_guarded,) = torch.autograd.grad(out.sum(), beta)
+    kn = x["k"] / torch.sqrt((x["k"] ** 2).sum(-1, keepdim=True) + 1e-6)
+    eff = guarded_beta(x["beta"], kn, x["g"], torch.float64).detach().requires_grad_()
+    (g_eff,) = torch.autograd.grad(call("gdn2", dict(x, beta=eff), use_qk_l2norm_in_kernel=True)[0].sum(), eff)
+    assert torch.allclose(g_guarded, g_eff, rtol=1e-12, atol=1e-14)
+
+
+def test_beta_guard_needs_l2norm():
+    with pytest.raises(ReferenceInputError, match="beta_guard: needs use_qk_l2norm_in_kernel=True"):
+        call("gdn2", _guard_inputs(), beta_guard=True)
