@@ -10,11 +10,12 @@ import sys
 from deltacheck import __version__
 
 # Modules exposing ``add_cli(subparsers)``; each parser sets ``func(args) -> int`` (the exit status).
+# Listed in the order `--help` shows them: what to run first, then inspection, then reporting.
 COMMAND_MODULES = [
-    "deltacheck.reports.cli",
-    "deltacheck.harness.gate",
     "deltacheck.cases.cli",
     "deltacheck.harness.orchestrate",
+    "deltacheck.harness.gate",
+    "deltacheck.reports.cli",
 ]
 
 

@@ -397,10 +397,25 @@ def cmd_verify(args) -> int:
     return cmd_run(args)
 
 
+REQUIRED_EPILOG = """required mode (environment):
+  NVTE_GDN2_TEST_REQUIRED=1          cudnn:gdn2 must run
+  NVTE_GDN_TEST_REQUIRED=1           cudnn:gdn must run
+  DELTACHECK_REQUIRE=cudnn:kda,fla:gdn2
+                                     these backend:op pairs must run
+A required pair that cannot run (package, op, runtime, version floor, GPU architecture), whose cases were
+all declined, or that executed zero cases fails the run with the reason and the fix.
+
+examples:
+  deltacheck run --backend cudnn --backend fla --tier L0 --report
+  deltacheck run --case 'gdn2-bf16-thd-N3-T[0_63_200]-H4/4/4-K128-V128-steep-h0-cont[64]-bwd' --backend fla
+  deltacheck run --backend mypkg.kernels:MyBackend --op gdn2 -k 'thd and bwd'"""
+
+
 def add_cli(sub) -> None:
     p = sub.add_parser("run", help="run the case matrix against backends",
                        description="Run cases x backends; every check is a result in RUN_DIR/results.jsonl. "
-                                   "Exit status 1 when any check fails or errors, or a required pair cannot run.")
+                                   "Exit status 1 when any check fails or errors, or a required pair cannot run.",
+                       epilog=REQUIRED_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(p)
     p.add_argument("--backend", action="append",
                    help="backend name (cudnn, fla, fla-recurrent, oracle, chunked, baseline) or pkg.mod:attr "
@@ -409,6 +424,7 @@ def add_cli(sub) -> None:
     p.set_defaults(func=cmd_run)
 
     v = sub.add_parser("verify", help="the main job: reference self-check + available fused backends, with a report",
+                       epilog=REQUIRED_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Runs the tier against the chunked reference (checked against the token "
                                    "oracle; above 2048 tokens the references swap roles, so neither is compared "
                                    "with itself) and cuDNN / FLA where this machine can run them; unavailable "
