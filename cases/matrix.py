@@ -294,6 +294,9 @@ _L0_PINNED = (
     # ...and its backward kernel takes pre-normalized q/k and post-sigmoid beta: no l2norm, no sigmoid.
     "kda-bf16-thd-N3-T[1_64_200]-H2/2/2-K128-V128-steep-h0-cont[64]-bwd",
     "kda-bf16-bshd-N2-L129-H2/2/2-K128-V128-extreme-bwd",
+    # GDN2's beta_guard (cuDNN's erase safeguard, needs l2norm): mild gates leave it a small decay budget.
+    "gdn2-bf16-thd-N3-T[0_65_130]-H2/2/2-K128-V128-mild-l2norm-guard-h0-cont[64]-bwd",
+    "gdn2-fp16-bshd-N2-L64-H2/2/4-K64-V64-zero-l2norm-sigmoid-guard-bwd",
 )
 
 # L0: every pair, plus these triples, so each op meets every layout x dtype, every gate profile in

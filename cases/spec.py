@@ -71,6 +71,7 @@ class Case:
     safe_gate: bool = False
     a_log: bool = False
     dt_bias: bool = False
+    beta_guard: bool = False
     scale: float | None = None
     initial_state: bool = False
     splits: tuple[int, ...] = ()
@@ -109,7 +110,7 @@ class Case:
         one_of("gate_domain", GATE_DOMAINS)
         one_of("tier", TIERS)
 
-        for name in ("l2norm", "beta_sigmoid", "neg_eigval", "safe_gate", "a_log", "dt_bias",
+        for name in ("l2norm", "beta_sigmoid", "neg_eigval", "safe_gate", "a_log", "dt_bias", "beta_guard",
                      "initial_state", "backward"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(name, f"expected a bool; got {getattr(self, name)!r}")
@@ -154,7 +155,7 @@ class Case:
         for name, on in (("l2norm", self.l2norm), ("beta_sigmoid", self.beta_sigmoid),
                          ("neg_eigval", self.neg_eigval), ("linear_gate", self.gate_domain == "linear"),
                          ("safe_gate", self.safe_gate), ("a_log", self.a_log), ("dt_bias", self.dt_bias),
-                         ("scale", self.scale is not None)):
+                         ("beta_guard", self.beta_guard), ("scale", self.scale is not None)):
             if on and name not in support.flags:
                 raise _bad(name if name != "linear_gate" else "gate_domain", f"op {self.op} does not accept it")
         if self.neg_eigval and not self.beta_sigmoid:
@@ -165,6 +166,8 @@ class Case:
             raise _bad("a_log", "needs safe_gate=True")
         if self.dt_bias and not self.safe_gate:
             raise _bad("dt_bias", "needs safe_gate=True")
+        if self.beta_guard and not self.l2norm:
+            raise _bad("beta_guard", "needs l2norm=True (the guard is defined on the normalized key)")
         if self.beta_profile == "near2" and not self.neg_eigval:
             raise _bad("beta_profile", "'near2' needs neg_eigval=True (beta_eff = 2*sigmoid(logit) reaches 2)")
         if self.scale is not None:
@@ -232,6 +235,10 @@ class Case:
             "safe_gate": self.safe_gate,
             "output_final_state": True,
             "layout": self.layout,
+            # Op-specific keywords, only where the op takes them.
+            **({"gate_lower_bound": self.support.gate_lower_bound} if self.support.gate_lower_bound is not None
+               else {}),
+            **({"beta_guard": True} if self.beta_guard else {}),
         }
 
     def replace(self, **changes) -> Case:
@@ -287,6 +294,7 @@ _FLAG_TOKENS = (
     ("safe_gate", "safegate"),
     ("a_log", "alog"),
     ("dt_bias", "dtbias"),
+    ("beta_guard", "guard"),
 )
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 # Every boolean/str flag a Case can carry. `OpSupport.flags` lists the ones an op accepts.
 ALL_FLAGS = frozenset(
-    {"l2norm", "beta_sigmoid", "neg_eigval", "linear_gate", "safe_gate", "a_log", "dt_bias", "scale"}
+    {"l2norm", "beta_sigmoid", "neg_eigval", "linear_gate", "safe_gate", "a_log", "dt_bias", "scale", "beta_guard"}
 )
 
 # Head configurations, by name. HO = max(H, HV) everywhere; the smaller head count must divide the larger.
@@ -62,7 +62,8 @@ class OpSupport:
         return K in self.key_dims and V in self.value_dims
 
 
-_COMMON_FLAGS = ALL_FLAGS
+# beta_guard is GDN2's alone (cuDNN's erase-side safeguard on the per-channel erase gate).
+_COMMON_FLAGS = ALL_FLAGS - {"beta_guard"}
 
 OP_SUPPORT: dict[str, OpSupport] = {
     "gdn": OpSupport(
@@ -104,7 +105,7 @@ OP_SUPPORT: dict[str, OpSupport] = {
         key_dims=(64, 128),
         value_dims=(64, 128),
         head_configs=HEAD_CONFIGS,
-        flags=_COMMON_FLAGS,
+        flags=ALL_FLAGS,
         gate_shape=("T", "HO", "K"),
         beta_shape=("T", "HO", "K"),
         beta_dtype="io",

@@ -528,3 +528,20 @@ def test_gate_verdict_is_merged_not_dropped(monkeypatch, make_backend):
     assert verdict.runnable and not verdict.backward
     assert "gate: backward refused" in verdict.backward_reason
     assert "KNOWN-WRONG: gate note" in verdict.notes
+
+
+def test_cudnn_gdn2_beta_guard_is_passed_and_dropping_it_is_caught(open_gate):
+    # zero decay gives the guard no budget, so it flattens beta and the result really depends on the flag
+    case = Case(op="gdn2", layout="thd", seqlens=(9, 0, 5), H=2, HK=2, HV=2, K=64, V=64, gate="zero",
+                l2norm=True, beta_guard=True, initial_state=True)
+    double = cudnn_la.make()
+    real = double.gated_delta_net_v2
+
+    def drops(*args, **kwargs):
+        assert kwargs.get("beta_guard") is True, "adapter never passed beta_guard"
+        kwargs.pop("beta_guard")
+        return real(*args, **kwargs)
+
+    assert agrees(cudnn_backend(), case)
+    double.gated_delta_net_v2 = drops
+    assert fails(cudnn_adapter.CudnnBackend(double, device="cpu"), case)

@@ -52,13 +52,15 @@ def valid_cases(draw):
     if longest > 1 and draw(st.booleans()):
         splits = tuple(sorted(draw(st.sets(st.integers(1, longest - 1), min_size=1, max_size=3))))
     scale = draw(st.one_of(st.none(), st.floats(1e-8, 1e4, allow_nan=False, allow_infinity=False)))
+    l2norm = draw(st.booleans())
     return Case(
         op=op, io_dtype=draw(st.sampled_from(support.io_dtypes)), layout=layout, seqlens=seqlens,
         H=H, HK=HK, HV=HV, K=draw(st.sampled_from(support.key_dims)), V=draw(st.sampled_from(support.value_dims)),
         gate=draw(st.sampled_from(GATE_PROFILES)), state_dtype=draw(st.sampled_from(support.state_dtypes)),
-        beta_profile=draw(st.sampled_from(beta_choices)), l2norm=draw(st.booleans()),
+        beta_profile=draw(st.sampled_from(beta_choices)), l2norm=l2norm,
         beta_sigmoid=beta_sigmoid, neg_eigval=neg_eigval, gate_domain=gate_domain, safe_gate=safe_gate,
         a_log=safe_gate and draw(st.booleans()), dt_bias=safe_gate and draw(st.booleans()),
+        beta_guard=op == "gdn2" and l2norm and draw(st.booleans()),
         scale=scale, initial_state=draw(st.booleans()), splits=splits, backward=draw(st.booleans()),
         seed=draw(st.integers(0, 2**40)), tier=draw(st.sampled_from(TIERS)),
     )
@@ -208,8 +210,14 @@ def test_case_is_frozen_hashable_and_exposes_the_contract():
     assert case.reference_kwargs() == {
         "scale": None, "use_qk_l2norm_in_kernel": False, "use_beta_sigmoid_in_kernel": False,
         "allow_neg_eigval": False, "gate_domain": "log", "safe_gate": False, "output_final_state": True,
-        "layout": "sbhd",
+        "layout": "sbhd", "gate_lower_bound": -5.0,
     }
+    guarded = Case(op="gdn2", l2norm=True, beta_guard=True)
+    assert guarded.reference_kwargs()["beta_guard"] is True and "-guard" in guarded.id
+    with pytest.raises(CaseError, match="beta_guard: needs l2norm=True"):
+        Case(op="gdn2", beta_guard=True)
+    with pytest.raises(CaseError, match="beta_guard: op kda does not accept it"):
+        Case(op="kda", l2norm=True, beta_guard=True)
 
 
 def test_op_support_is_the_declared_contract():

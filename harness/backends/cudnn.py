@@ -106,6 +106,8 @@ def _flags(case) -> dict:
         # changed default cannot silently change what we test. Keyword only: KDA has it before
         # gate_domain, GDN2 after.
         kwargs["gate_lower_bound"] = case.support.gate_lower_bound
+    if case.beta_guard:
+        kwargs["beta_guard"] = True
     return kwargs
 
 

@@ -163,6 +163,8 @@ class FlaBackend:
             return f"FLA {fn} has no linear gate domain (g must be a log-space decay)"
         if case.op == "gdn2" and case.beta_sigmoid:
             return f"FLA {fn} has no use_beta_sigmoid_in_kernel / allow_neg_eigval"
+        if case.beta_guard:
+            return f"FLA {fn} has no beta_guard (cuDNN's erase-side safeguard)"
         return None
 
     # ------------------------------------------------------------------ can it run?
