@@ -32,6 +32,9 @@ def pytest_addoption(parser):
     group.addoption("--dc-limit", type=int, default=0, help="at most this many cases")
     group.addoption("--dc-reference", default="auto", choices=["auto", "oracle", "chunked"])
     group.addoption("--dc-device", default=None, help="torch device (default: cuda if available, else cpu)")
+    group.addoption("--dc-out", default=None, metavar="DIR",
+                    help="also write a run directory under DIR (results.jsonl, as `deltacheck run` does) so "
+                         "`deltacheck report` and `deltacheck compare` work on pytest runs")
     group.addoption("--dc-no-baseline", action="store_true",
                     help="skip the same-precision baseline (limits fall back to the absolute thresholds)")
 
@@ -48,6 +51,7 @@ def pytest_configure(config):
         if n_gpus > 1:
             os.environ["CUDA_VISIBLE_DEVICES"] = str(int(worker[2:]) % n_gpus)
     config.stash[_STATE_KEY] = {"executed": Counter(), "declined": Counter(), "decline_reason": {}}
+    _open_run_dir(config)
     from . import gate
 
     try:  # a malformed DELTACHECK_REQUIRE / NVTE_* setting is a usage error, reported once
@@ -126,6 +130,10 @@ def dc_run(request, dc_runner, dc_env):
     def run(task):
         case, spec = task
         results = run_task(dc_runner, case, spec, dc_env)
+        stream = state.get("stream")
+        if stream is not None:
+            for r in results:
+                stream.write(r)
         pair = (spec, case.op)
         forward = next(r for r in results if r.check == "forward")
         if forward.status in ("pass", "fail"):
@@ -153,6 +161,8 @@ def pytest_sessionfinish(session, exitstatus):
     state = config.stash.get(_STATE_KEY, None)
     if state is None:
         return
+    if state.get("stream") is not None:
+        state["stream"].close()
     if hasattr(config, "workeroutput"):  # an xdist worker: hand the counts to the controller
         config.workeroutput["deltacheck"] = json.dumps(_dump(state))
         return
@@ -160,6 +170,7 @@ def pytest_sessionfinish(session, exitstatus):
     if failures:
         state["failures"] = failures
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    _close_run_dir(state, failures, int(session.exitstatus))
 
 
 def pytest_testnodedown(node, error):
@@ -228,3 +239,75 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
     terminalreporter.section("deltacheck required mode", sep="=", red=True, bold=True)
     terminalreporter.write_line(gate.format_required_report(state["failures"]))
+
+
+# --- --dc-out: a run directory, as `deltacheck run` writes it --------------------------------------
+
+_RUN_DIR_ENV = "DELTACHECK_PYTEST_RUN_DIR"
+
+
+def _open_run_dir(config) -> None:
+    """The controller creates the run directory and writes the header and gate records; every process
+    (each xdist worker, or the only one) streams its results to a file of its own inside it."""
+    from pathlib import Path
+
+    from .results import ResultStream
+
+    state = config.stash[_STATE_KEY]
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None and config.getoption("--dc-out"):
+        import sys
+        import time
+
+        from deltacheck import __version__
+
+        from . import gate
+        from .backends.base import BackendLoadError, Verdict, get_backend
+        from .orchestrate import pair_availability
+        from .results import SCHEMA
+        from .rundir import new_run_dir, provenance
+
+        run_dir = new_run_dir(config.getoption("--dc-out"))
+        os.environ[_RUN_DIR_ENV] = str(run_dir)  # xdist workers start later and inherit it
+        env = gate.probe_env()
+        required = gate.required_pairs()
+        with ResultStream(run_dir / "results.jsonl") as out:
+            out.write({"kind": "run", "schema": SCHEMA, "deltacheck": __version__, "run_id": run_dir.name,
+                       "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       "argv": ["pytest", *sys.argv[1:]], "env": env.to_dict(), "backends": _specs(config),
+                       "required": sorted(":".join(p) for p in required), **provenance()})
+            for spec in _specs(config):
+                for op in OPS:
+                    try:
+                        v = pair_availability(get_backend(spec), spec, op, env)
+                    except BackendLoadError as exc:
+                        v = Verdict.no(str(exc))
+                    out.write({"kind": "gate", "backend": spec, "op": op, "runnable": v.runnable, "reason": v.reason,
+                               "backward": v.backward, "backward_reason": v.backward_reason,
+                               "notes": list(v.notes), "required": (spec, op) in required})
+        state["run_dir"] = run_dir
+    path = os.environ.get(_RUN_DIR_ENV) if worker else state.get("run_dir")
+    if path:
+        name = f"results.{worker}.jsonl" if worker else "results.jsonl"
+        state["stream"] = ResultStream(Path(path) / name)
+
+
+def _close_run_dir(state, failures, exit_status: int) -> None:
+    """Fold the workers' files into results.jsonl and write the end record."""
+    run_dir = state.get("run_dir")
+    if run_dir is None:
+        return
+    import time
+
+    from .results import ResultStream, read_records
+
+    main = run_dir / "results.jsonl"
+    for part in sorted(run_dir.glob("results.gw*.jsonl")):
+        with open(main, "a", encoding="utf-8") as out, open(part, encoding="utf-8") as src:
+            out.write(src.read())
+        part.unlink()
+    counts = Counter(rec["status"] for _, rec, _ in read_records(main) if rec and rec["kind"] == "result")
+    with ResultStream(main) as out:
+        out.write({"kind": "end", "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   "counts": dict(counts), "exit_status": exit_status, "required_failures": failures,
+                   "executed": {f"{b}:{o}": n for (b, o), n in state["executed"].items()}})

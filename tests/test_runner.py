@@ -175,3 +175,18 @@ def test_the_reference_is_never_the_backend_under_test():
     assert reference_name(short, "auto", "oracle") == "chunked"
     assert reference_name(long, "auto", "chunked") == "oracle"
     assert reference_name(long, "auto", "cudnn") == "chunked"
+
+
+def test_pytest_runs_write_a_run_directory_that_reports_read(tmp_path):
+    argv = [sys.executable, "-m", "pytest", str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider",
+            "--dc-backend", "fake_backends:Working", "--dc-limit", "3", "--dc-reference", "oracle",
+            "--dc-no-baseline", "--dc-k", "K64-V64", "--dc-out", str(tmp_path), "-n", "2"]
+    proc = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=300, cwd=TESTS.parent)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = list(tmp_path.iterdir())
+    recs = records(run_dir)
+    assert recs[0]["kind"] == "run" and recs[-1]["kind"] == "end"
+    results = [r for r in recs if r["kind"] == "result"]
+    assert len({r["case"] for r in results}) == 3 and recs[-1]["counts"] == {"pass": len(results)}
+    assert not list(run_dir.glob("results.gw*.jsonl"))  # the workers' parts were folded in
+    assert cli_main(["report", str(run_dir)]) == 0 and (run_dir / "summary.md").exists()
