@@ -44,7 +44,7 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{op}: a deltacheck case of op {op}")
     for name in KNOWN_BACKENDS:
         config.addinivalue_line("markers", f"{_marker(name)}: a deltacheck case run against backend {name}")
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    worker = _worker_id(config) or ""
     if worker.startswith("gw") and "CUDA_VISIBLE_DEVICES" not in os.environ:
         # One GPU per xdist worker, before anything initializes CUDA in this process.
         n_gpus = _gpu_count_without_init()
@@ -58,6 +58,13 @@ def pytest_configure(config):
         gate.required_pairs()
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def _worker_id(config) -> str | None:
+    """The xdist worker id ("gw0", ...) in a worker process, None in the controller or without xdist.
+    (Read from the config, not the environment: a pytest started from inside a worker inherits its env.)"""
+    workerinput = getattr(config, "workerinput", None)
+    return workerinput.get("workerid") if workerinput else None
 
 
 def _gpu_count_without_init() -> int:
@@ -254,7 +261,7 @@ def _open_run_dir(config) -> None:
     from .results import ResultStream
 
     state = config.stash[_STATE_KEY]
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    worker = _worker_id(config)
     if worker is None and config.getoption("--dc-out"):
         import sys
         import time
