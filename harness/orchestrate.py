@@ -69,13 +69,26 @@ class Progress:
             self.stream.write("\n")
 
 
-def run_task(runner: CaseRunner, case: Case, spec: str, env) -> list[Result]:
-    """All checks of one case x backend; a backend that cannot even load becomes an error result."""
+def run_task(runner: CaseRunner, case: Case, spec: str, env, sink=None) -> list[Result]:
+    """All checks of one case x backend, each handed to ``sink`` as soon as it exists; a backend that
+    cannot even load becomes an error result."""
+    emitted: list[Result] = []
+
+    def emit(result: Result) -> None:
+        emitted.append(result)
+        if sink is not None:
+            sink(result)
+
+    def finish(extra: list[Result]) -> list[Result]:
+        for r in extra:
+            emit(r)
+        return emitted
+
     try:
         backend = get_backend(spec)
     except BackendLoadError as exc:
         base = dict(case=case.id, backend=spec, op=case.op, repro=repro_command(case, spec))
-        return [Result(check="forward", status="error", reason=str(exc), **base)]
+        return finish([Result(check="forward", status="error", reason=str(exc), **base)])
     base = dict(case=case.id, backend=spec, op=case.op, repro=repro_command(case, spec))
     if case.op not in backend.ops:
         verdict = Verdict.no(f"{spec} does not implement {case.op}")
@@ -83,20 +96,21 @@ def run_task(runner: CaseRunner, case: Case, spec: str, env) -> list[Result]:
         try:
             verdict = backend.check(case, env)
         except Exception as exc:  # noqa: BLE001 - a crashing check is that case's error, not the run's end
-            return [Result(check="forward", status="error", reason=f"check() raised {type(exc).__name__}: {exc}",
-                           **base)]
+            return finish([Result(check="forward", status="error",
+                                  reason=f"check() raised {type(exc).__name__}: {exc}", **base)])
     if not verdict.runnable and not verdict.reason:  # a silent decline would be a silent skip
         verdict = Verdict.no(f"{spec}.check() declined without giving a reason")
     if verdict.runnable and not verdict.backward and not verdict.backward_reason:
         verdict = Verdict(True, "", False, f"{spec}.check() refused the backward without giving a reason",
                           verdict.notes)
     try:
-        return runner.run(case, backend, spec, verdict, env)
+        runner.run(case, backend, spec, verdict, env, sink=emit)
     except Exception as exc:  # noqa: BLE001 - the harness's own failure on one case must not end the run
         import traceback
 
-        return [Result(check="forward", status="error", reason=f"harness error: {type(exc).__name__}: {exc}",
-                       metrics={"traceback": traceback.format_exc(limit=-4)}, **base)]
+        return finish([Result(check="forward", status="error", reason=f"harness error: {type(exc).__name__}: {exc}",
+                              metrics={"traceback": traceback.format_exc(limit=-4)}, **base)])
+    return emitted
 
 
 def _task_summary(results: list[Result]) -> dict:
@@ -130,9 +144,7 @@ def worker_main() -> int:
             task = json.loads(line)
             print(f"START {task['i']}", flush=True)
             case = Case.from_id(task["case"])
-            results = run_task(runner, case, task["backend"], env)
-            for r in results:
-                stream.write(r)
+            results = run_task(runner, case, task["backend"], env, sink=stream.write)
             print(f"DONE {task['i']} {json.dumps(_task_summary(results))}", flush=True)
     return 0
 
@@ -174,15 +186,18 @@ def _run_in_workers(tasks, results_path, opts, on_done, max_restarts=50):
         crashed = next(t for t in remaining if t[0] == in_flight)
         case, spec = crashed[1]
         reason = f"worker process died ({_describe_exit(code)}) while running this case; the run continued in a fresh worker"
+        # What the worker judged before dying is on disk; the checks it never reached become errors.
+        judged = [Result(**{k: v for k, v in rec.items() if k != "kind"}) for _, rec, _ in read_records(results_path)
+                  if rec and rec.get("kind") == "result" and rec["case"] == case.id and rec["backend"] == spec]
+        done = {r.check for r in judged}
+        lost = [Result(case=case.id, backend=spec, check=check, status="error", reason=reason, op=case.op,
+                       io_dtype=case.io_dtype, layout=case.layout, gate=case.gate, tokens=case.total_tokens,
+                       max_len=case.max_len, tier=case.tier, repro=repro_command(case, spec))
+                for check in checks_for(case) if check not in done]
         with ResultStream(results_path) as stream:
-            for check in checks_for(case):
-                stream.write(Result(case=case.id, backend=spec, check=check, status="error", reason=reason,
-                                    op=case.op, io_dtype=case.io_dtype, layout=case.layout, gate=case.gate,
-                                    tokens=case.total_tokens, max_len=case.max_len, tier=case.tier,
-                                    repro=repro_command(case, spec)))
-        on_done(in_flight, {"statuses": {"error": len(checks_for(case))}, "executed": False, "declined": False,
-                            "decline_reason": "", "backward_case": False, "backward_ran": False,
-                            "backward_reason": "", "crashed": reason})
+            for r in lost:
+                stream.write(r)
+        on_done(in_flight, {**_task_summary(judged + lost), "crashed": reason})
         remaining = [t for t in remaining if t[0] != in_flight]
         restarts += 1
         if restarts > max_restarts:
@@ -275,10 +290,7 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
         runner = CaseRunner(opts)
         with ResultStream(results_path) as out:
             for i, (case, spec) in tasks:
-                results = run_task(runner, case, spec, env)
-                for r in results:
-                    out.write(r)
-                on_done(i, _task_summary(results))
+                on_done(i, _task_summary(run_task(runner, case, spec, env, sink=out.write)))
     else:
         _run_in_workers(tasks, results_path, opts, on_done)
     progress.close()

@@ -136,11 +136,8 @@ def dc_run(request, dc_runner, dc_env):
 
     def run(task):
         case, spec = task
-        results = run_task(dc_runner, case, spec, dc_env)
         stream = state.get("stream")
-        if stream is not None:
-            for r in results:
-                stream.write(r)
+        results = run_task(dc_runner, case, spec, dc_env, sink=stream.write if stream is not None else None)
         pair = (spec, case.op)
         forward = next(r for r in results if r.check == "forward")
         if forward.status in ("pass", "fail"):

@@ -129,6 +129,28 @@ def segment_case(case: Case, lens: list[int]) -> Case:
 # --- the reference side, computed once per case --------------------------------------------------
 
 
+class _Emitting(list):
+    """A result list that hands each result to ``sink`` the moment it is added, so a hard crash later in
+    the same case loses none of the checks already judged."""
+
+    def __init__(self, sink=None):
+        super().__init__()
+        self.sink = sink
+
+    def append(self, result: Result) -> None:
+        super().append(result)
+        if self.sink is not None:
+            self.sink(result)
+
+    def extend(self, results) -> None:
+        for r in results:
+            self.append(r)
+
+    def __iadd__(self, results):
+        self.extend(results)
+        return self
+
+
 class ReferenceFailure(Exception):
     """The reference side of a case could not be computed (never blamed on the backend under test)."""
 
@@ -236,30 +258,39 @@ class CaseRunner:
             raise got
         return got
 
-    def run(self, case: Case, backend: Backend, backend_spec: str, verdict: Verdict, env=None) -> list[Result]:
+    def run(self, case: Case, backend: Backend, backend_spec: str, verdict: Verdict, env=None,
+            sink=None) -> list[Result]:
+        """Every check of (case, backend); each result also goes to ``sink`` as soon as it is judged."""
+        results = _Emitting(sink)
+        self._run(case, backend, backend_spec, verdict, base_results=results)
+        return list(results)
+
+    def _run(self, case: Case, backend: Backend, backend_spec: str, verdict: Verdict, base_results) -> None:
         base = dict(
             case=case.id, backend=backend_spec, op=case.op, io_dtype=case.io_dtype, layout=case.layout,
             gate=case.gate, tokens=case.total_tokens, max_len=case.max_len, tier=case.tier,
             repro=repro_command(case, backend_spec),
         )
+        results = base_results
         if not verdict.runnable:
-            return [Result(check=c, status="skip", reason=verdict.reason, **base) for c in checks_for(case)]
+            results += [Result(check=c, status="skip", reason=verdict.reason, **base) for c in checks_for(case)]
+            return
         try:
             exp = self.expected(case, backend_spec)
         except ReferenceFailure as exc:  # not the backend's fault: no check can be judged
-            return [Result(check=c, status="error", reason=str(exc), **base) for c in checks_for(case)]
-        results: list[Result] = []
+            results += [Result(check=c, status="error", reason=str(exc), **base) for c in checks_for(case)]
+            return
         # Stages are guarded one by one: an exception is that stage's error result, and the stages
         # after it still run. Only a failing first call leaves nothing to judge.
         forward = self._guard(results, case, base, "forward", self._forward, case, backend, verdict, base, exp)
         if forward is None:
-            return self._fill_errors(results, case, base, "not run: the first call raised")
+            self._fill_errors(results, case, base, "not run: the first call raised")
+            return
         inputs, out, state = forward
         if case.splits:
             self._guard(results, case, base, "continuation_ref", self._continuation_checks, case, backend, inputs,
                         out, state, base, exp)
         self._guard(results, case, base, "determinism", self._determinism, case, backend, inputs, out, state, base)
-        return results
 
     def _guard(self, results, case, base, stage, fn, *args):
         try:
@@ -276,7 +307,6 @@ class CaseRunner:
     def _fill_errors(self, results, case, base, reason):
         done = {r.check for r in results}
         results += [Result(check=c, status="error", reason=reason, **base) for c in checks_for(case) if c not in done]
-        return results
 
     def _judge(self, case, quantity, check, actual, expected, baseline, base, seconds, offsets=None):
         m = compare.metrics(actual, expected)
@@ -312,13 +342,19 @@ class CaseRunner:
 
         t0 = time.perf_counter()
         with torch.set_grad_enabled(bool(names)):
-            out, state, grads = _forward_backward(backend, case, inputs, names, opts.device)
+            out, state = backend.run(case, inputs)
         seconds = time.perf_counter() - t0
         packed = to_packed(out, case)
+        # Judged (and streamed) before the backward runs: a crash in the backward keeps these.
         results.append(self._judge(case, "out", "forward", packed, exp.out, exp.baseline_err.get("out"),
                                    base, seconds, offsets))
         results.append(self._judge(case, "state", "state", state, exp.state, exp.baseline_err.get("state"),
                                    base, seconds))
+        grads = {}
+        if names:
+            got = torch.autograd.grad(_loss(case, out, state, opts.device), [inputs[n] for n in names],
+                                      allow_unused=True)
+            grads = dict(zip(names, got))
         if case.backward:
             for n in grad_inputs(case):
                 check = f"grad_{n}"

@@ -2,6 +2,8 @@
 
 import os
 
+import torch
+
 from deltacheck.harness.backends.base import Verdict, get_backend
 
 ALL_OPS = frozenset({"gdn", "kda", "gdn2"})
@@ -67,3 +69,25 @@ class Mute(Working):
 
     def check(self, case, env):
         return Verdict(False, "")
+
+
+class CrashingBackward(Working):
+    """Forward fine, then the process dies in the backward, as a kernel fault in dK would."""
+
+    name = "crashingbackward"
+
+    def run(self, case, inputs):
+        out, state = super().run(case, inputs)
+        if case.backward and case.op == "gdn" and torch.is_grad_enabled():
+            return _DieInBackward.apply(out), state
+        return out, state
+
+
+class _DieInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        os._exit(139)

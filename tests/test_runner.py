@@ -192,3 +192,13 @@ def test_pytest_runs_write_a_run_directory_that_reports_read(tmp_path):
     assert len({r["case"] for r in results}) == 3 and recs[-1]["counts"] == {"pass": len(results)}
     assert not list(run_dir.glob("results.gw*.jsonl"))  # the workers' parts were folded in
     assert cli_main(["report", str(run_dir)]) == 0 and (run_dir / "summary.md").exists()
+
+
+def test_a_crash_in_the_backward_keeps_the_forward_results_already_judged(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
+    status, run_dir = run(["fake_backends:CrashingBackward"], tmp_path, in_process=False)
+    gdn = {r["check"]: r for r in records(run_dir) if r.get("kind") == "result" and r["op"] == "gdn"}
+    assert status == 1
+    assert gdn["forward"]["status"] == "pass" and gdn["state"]["status"] == "pass"
+    assert gdn["grad_q"]["status"] == "error" and "worker process died" in gdn["grad_q"]["reason"]
+    assert all(r["status"] == "pass" for r in records(run_dir) if r.get("kind") == "result" and r["op"] != "gdn")
