@@ -235,31 +235,8 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
     required = gate.required_pairs(environ)
     run_dir = new_run_dir(out_root)
     results_path = run_dir / "results.jsonl"
-    header = {"kind": "run", "schema": SCHEMA, "deltacheck": __version__, "started": _now(), "argv": argv or [],
-              "env": env.to_dict(), "run_id": run_dir.name, "options": asdict(opts),
-              "backends": backend_specs, "cases": len(cases), "required": sorted(":".join(p) for p in required),
-              **provenance()}
-    gate_verdicts: dict[tuple[str, str], Verdict] = {}
-    load_errors: dict[str, str] = {}
-    with ResultStream(results_path) as out:
-        out.write(header)
-        for spec in backend_specs:
-            try:
-                backend = get_backend(spec)
-            except BackendLoadError as exc:
-                load_errors[spec] = str(exc)
-                backend = None
-            for op in OPS:
-                if backend is None:
-                    v = Verdict.no(str(load_errors[spec]))
-                elif op not in backend.ops and (spec, op) not in required:
-                    continue
-                else:
-                    v = pair_availability(backend, spec, op, env)
-                gate_verdicts[(spec, op)] = v
-                out.write({"kind": "gate", "backend": spec, "op": op, "runnable": v.runnable, "reason": v.reason,
-                           "backward": v.backward, "backward_reason": v.backward_reason, "notes": list(v.notes),
-                           "required": (spec, op) in required})
+    gate_verdicts = open_run(results_path, backend_specs, env, required, argv or [],
+                             {"options": asdict(opts), "cases": len(cases)})
 
     tasks = [(i, (case, spec)) for i, (case, spec) in enumerate((c, s) for c in cases for s in backend_specs)]
     executed: Counter = Counter()
@@ -308,6 +285,34 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
                    "executed": {f"{b}:{o}": n for (b, o), n in executed.items()}})
     _print_summary(stream, run_dir, gate_verdicts, required, executed, statuses, failures, results_path)
     return status, run_dir
+
+
+def open_run(results_path: Path, backend_specs: list[str], env, required, argv: list[str],
+             extra: dict | None = None) -> dict[tuple[str, str], Verdict]:
+    """Write a run's header and one gate record per backend x op; return the gate verdicts.
+    Shared by `deltacheck run` and the pytest plugin's ``--dc-out``, so both runs read the same."""
+    gate_verdicts: dict[tuple[str, str], Verdict] = {}
+    with ResultStream(results_path) as out:
+        out.write({"kind": "run", "schema": SCHEMA, "deltacheck": __version__, "started": _now(), "argv": argv,
+                   "env": env.to_dict(), "run_id": results_path.parent.name, "backends": backend_specs,
+                   "required": sorted(":".join(p) for p in required), **(extra or {}), **provenance()})
+        for spec in backend_specs:
+            try:
+                backend, load_error = get_backend(spec), None
+            except BackendLoadError as exc:
+                backend, load_error = None, str(exc)
+            for op in OPS:
+                if backend is None:
+                    v = Verdict.no(load_error)
+                elif op not in backend.ops and (spec, op) not in required:
+                    continue
+                else:
+                    v = pair_availability(backend, spec, op, env)
+                gate_verdicts[(spec, op)] = v
+                out.write({"kind": "gate", "backend": spec, "op": op, "runnable": v.runnable, "reason": v.reason,
+                           "backward": v.backward, "backward_reason": v.backward_reason, "notes": list(v.notes),
+                           "required": (spec, op) in required})
+    return gate_verdicts
 
 
 def _now() -> str:

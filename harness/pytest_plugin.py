@@ -261,34 +261,15 @@ def _open_run_dir(config) -> None:
     worker = _worker_id(config)
     if worker is None and config.getoption("--dc-out"):
         import sys
-        import time
-
-        from deltacheck import __version__
 
         from . import gate
-        from .backends.base import BackendLoadError, Verdict, get_backend
-        from .orchestrate import pair_availability
-        from .results import SCHEMA
-        from .rundir import new_run_dir, provenance
+        from .orchestrate import open_run
+        from .rundir import new_run_dir
 
         run_dir = new_run_dir(config.getoption("--dc-out"))
         os.environ[_RUN_DIR_ENV] = str(run_dir)  # xdist workers start later and inherit it
-        env = gate.probe_env()
-        required = gate.required_pairs()
-        with ResultStream(run_dir / "results.jsonl") as out:
-            out.write({"kind": "run", "schema": SCHEMA, "deltacheck": __version__, "run_id": run_dir.name,
-                       "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "argv": ["pytest", *sys.argv[1:]], "env": env.to_dict(), "backends": _specs(config),
-                       "required": sorted(":".join(p) for p in required), **provenance()})
-            for spec in _specs(config):
-                for op in OPS:
-                    try:
-                        v = pair_availability(get_backend(spec), spec, op, env)
-                    except BackendLoadError as exc:
-                        v = Verdict.no(str(exc))
-                    out.write({"kind": "gate", "backend": spec, "op": op, "runnable": v.runnable, "reason": v.reason,
-                               "backward": v.backward, "backward_reason": v.backward_reason,
-                               "notes": list(v.notes), "required": (spec, op) in required})
+        open_run(run_dir / "results.jsonl", _specs(config), gate.probe_env(), gate.required_pairs(),
+                 ["pytest", *sys.argv[1:]])
         state["run_dir"] = run_dir
     path = os.environ.get(_RUN_DIR_ENV) if worker else state.get("run_dir")
     if path:
