@@ -45,14 +45,10 @@ _SPECS = {
 }
 
 
-def _is_float(x: torch.Tensor) -> bool:
-    return x.is_floating_point()
-
-
 def _check_tensor(name: str, x, *, ndim: int | None = None) -> None:
     if not isinstance(x, torch.Tensor):
         raise ReferenceInputError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if not _is_float(x):
+    if not x.is_floating_point():
         raise ReferenceInputError(f"{name}: expected a floating-point tensor, got {x.dtype}")
     if ndim is not None and x.dim() != ndim:
         raise ReferenceInputError(f"{name}: expected {ndim} dims, got shape {tuple(x.shape)}")
@@ -136,15 +132,14 @@ def _check_flags(spec, *, use_beta_sigmoid_in_kernel, allow_neg_eigval, gate_dom
             raise ReferenceInputError(f"{name}: only used with safe_gate=True; pass safe_gate=True or drop {name}")
 
 
-def _effective_log_gate(spec, g, *, gate_domain, safe_gate, a_log, dt_bias, gate_lower_bound, HO, K):
+def _effective_log_gate(spec, g, *, gate_domain, safe_gate, a_log, dt_bias, gate_lower_bound):
     """The log-space decay the recurrence uses, at ``[T, HO]`` (gdn) or ``[T, HO, K]``."""
     if safe_gate:
         a = torch.exp(a_log) if a_log is not None else None
+        x = g + dt_bias if dt_bias is not None else g
         if spec.name == "gdn":
-            x = g + dt_bias if dt_bias is not None else g
             sp = F.softplus(x)
             return -(a * sp) if a is not None else -sp
-        x = g + dt_bias if dt_bias is not None else g
         if a is not None:
             x = a.unsqueeze(-1) * x
         return gate_lower_bound * torch.sigmoid(x)
@@ -279,7 +274,7 @@ def _run(
         beta = torch.sigmoid(beta) * (2.0 if allow_neg_eigval else 1.0)
     g = _effective_log_gate(
         spec, g, gate_domain=gate_domain, safe_gate=safe_gate, a_log=a_log, dt_bias=dt_bias,
-        gate_lower_bound=gate_lower_bound, HO=HO, K=K,
+        gate_lower_bound=gate_lower_bound,
     )
     q, k, v = _expand_heads(q, HO), _expand_heads(k, HO), _expand_heads(v, HO)
     if beta_guard:
@@ -456,7 +451,7 @@ def gdp(
     g_eff = _effective_log_gate(
         _SPECS["gdn"], g.to(pre), gate_domain=gate_domain, safe_gate=safe_gate,
         a_log=a_log.to(pre) if a_log is not None else None, dt_bias=dt_bias.to(pre) if dt_bias is not None else None,
-        gate_lower_bound=None, HO=HO, K=q.shape[2],
+        gate_lower_bound=None,
     )
     q_pre = q.to(pre)
     q_sub = torch.cat([q_pre.new_zeros(T, n - 1, *q.shape[1:]), q_pre.unsqueeze(1)], dim=1).reshape(T * n, *q.shape[1:])
