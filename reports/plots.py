@@ -162,8 +162,13 @@ def plot_worst_token_curve(run: Run) -> Plot:
     nonfinite = [x for x, y in zip(xs, ys) if not math.isfinite(y)]
     if nonfinite:
         ax.axvline(nonfinite[0], color="purple", ls="-.", lw=1.5, label=f"first NaN/Inf at token {int(nonfinite[0])}")
-    if any(math.isfinite(y) for y in ys):
-        ax.set_yscale("log")
+        # Non-finite points have no height: mark them along the top, so an all-NaN output still shows where.
+        finite_ys = [y for y in ys if math.isfinite(y)]
+        top = max(finite_ys + [threshold or ERROR_FLOOR]) * 4
+        ax.scatter(nonfinite, [top] * len(nonfinite), marker="x", color="purple", s=12,
+                   label=f"NaN/Inf at {len(nonfinite)} of {len(xs)} plotted tokens")
+        ax.set_xlim(min(xs) - 0.5, max(xs) + 0.5)
+    ax.set_yscale("log")
     ax.set_xlabel("token index (packed)")
     ax.set_ylabel("relative error")
     ax.set_title(r["case"] if len(r["case"]) <= 90 else r["case"][:87] + "...", fontsize=8)
