@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from deltacheck.cases.support import OPS
+
 F64 = torch.float64
 
 
@@ -65,7 +67,6 @@ QUANTITIES = {
     "dbeta": _GATE_BWD, "dw": _GATE_BWD, "da_log": _GATE_BWD, "ddt_bias": _GATE_BWD,
     "dh0": _DH0,
 }
-OPS = ("gdn", "kda", "gdn2")
 
 # One table: op x io dtype x quantity. The ops share today's entries (every peer uses one bound for all
 # three); it is keyed by op so that a per-op finding can tighten or document one entry without a rewrite.

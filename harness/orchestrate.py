@@ -21,6 +21,7 @@ from pathlib import Path
 
 from deltacheck import __version__
 from deltacheck.cases import Case, CaseError, select
+from deltacheck.cases.support import OPS
 
 from . import gate
 from .backends.base import BackendLoadError, Verdict, get_backend
@@ -29,7 +30,6 @@ from .rundir import new_run_dir, provenance
 from .runner import CaseRunner, RunOptions, checks_for, repro_command
 
 FUSED_DEFAULT = ("cudnn", "fla")
-OPS = ("gdn", "kda", "gdn2")
 
 
 def pair_availability(backend, spec: str, op: str, env) -> Verdict:

@@ -17,7 +17,8 @@ from collections import Counter
 
 import pytest
 
-OPS = ("gdn", "kda", "gdn2")
+from deltacheck.cases.support import OPS
+
 KNOWN_BACKENDS = ("cudnn", "fla", "fla-recurrent", "oracle", "chunked", "baseline")
 _STATE_KEY = pytest.StashKey[dict]()
 
