@@ -69,6 +69,18 @@ def agrees(backend, case, tol=TOL) -> bool:
     return _err(out, ref_out) <= tol and _err(state, ref_state) <= tol
 
 
+def drop_flag(double, name: str, flag: str) -> None:
+    """Make ``double.name`` lose the keyword ``flag`` on the way in (asserting the adapter passed it)."""
+    real = getattr(double, name)
+
+    def drops(*args, **kwargs):
+        assert flag in kwargs, f"adapter never passed {flag}"
+        kwargs.pop(flag)
+        return real(*args, **kwargs)
+
+    setattr(double, name, drops)
+
+
 def fails(backend, case) -> bool:
     """The comparison rejects the backend: either it raises or it disagrees with the oracle."""
     try:
@@ -258,15 +270,7 @@ _DROPS = [
 def test_cudnn_dropped_flag_is_caught(open_gate, op, flag, which):
     case = _cases(op)[which]
     double = cudnn_la.make()
-    name = cudnn_adapter.ENTRY_POINTS[op]
-    real = getattr(double, name)
-
-    def drops(*args, **kwargs):
-        assert flag in kwargs, f"adapter never passed {flag}"
-        kwargs.pop(flag)
-        return real(*args, **kwargs)
-
-    setattr(double, name, drops)
+    drop_flag(double, cudnn_adapter.ENTRY_POINTS[op], flag)
     assert agrees(cudnn_backend(), case)
     assert fails(cudnn_adapter.CudnnBackend(double, device="cpu"), case)
 
@@ -448,15 +452,7 @@ def test_fla_dropped_flag_is_caught(open_gate, flag, op, which):
     case = _fla_case(op, which)
     assert agrees(fla_backend(), case)
     double = fla_ops.make()
-    name = fla_adapter.CHUNK[op][1]
-    real = getattr(double, name)
-
-    def drops(*args, **kwargs):
-        assert flag in kwargs, f"adapter never passed {flag}"
-        kwargs.pop(flag)
-        return real(*args, **kwargs)
-
-    setattr(double, name, drops)
+    drop_flag(double, fla_adapter.CHUNK[op][1], flag)
     assert fails(fla_adapter.FlaBackend(double), case)
 
 
@@ -534,14 +530,7 @@ def test_cudnn_gdn2_beta_guard_is_passed_and_dropping_it_is_caught(open_gate):
     # zero decay gives the guard no budget, so it flattens beta and the result really depends on the flag
     case = Case(op="gdn2", layout="thd", seqlens=(9, 0, 5), H=2, HK=2, HV=2, K=64, V=64, gate="zero",
                 l2norm=True, beta_guard=True, initial_state=True)
-    double = cudnn_la.make()
-    real = double.gated_delta_net_v2
-
-    def drops(*args, **kwargs):
-        assert kwargs.get("beta_guard") is True, "adapter never passed beta_guard"
-        kwargs.pop("beta_guard")
-        return real(*args, **kwargs)
-
     assert agrees(cudnn_backend(), case)
-    double.gated_delta_net_v2 = drops
+    double = cudnn_la.make()
+    drop_flag(double, "gated_delta_net_v2", "beta_guard")
     assert fails(cudnn_adapter.CudnnBackend(double, device="cpu"), case)

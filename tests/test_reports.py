@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
 import base64
 import contextlib
 import io
@@ -17,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from deltacheck.harness.cli import main as cli_main
 from deltacheck.harness.rundir import new_run_dir, provenance
-from deltacheck.reports import cli as reports_cli
 from deltacheck.reports.load import RunInputError, load_run
 from deltacheck.reports.render import REPORT_FILES, write_reports
 
@@ -27,10 +26,7 @@ IMG = '<img src="data:image/png;base64,'
 
 
 def cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="deltacheck")
-    reports_cli.add_cli(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(list(argv))
-    return args.func(args)
+    return cli_main(list(argv))
 
 
 def fixture_run(tmp_path: Path, name: str) -> Path:

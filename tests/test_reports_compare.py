@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
-from deltacheck.reports import cli as reports_cli
+from deltacheck.harness.cli import main as cli_main
 from deltacheck.reports.compare import compare_runs
 from deltacheck.reports.load import load_run
 
@@ -18,10 +17,7 @@ CASE = "kda-bf16-thd-N1-T[64]-H2/2/2-K64-V64-typical"
 
 
 def cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="deltacheck")
-    reports_cli.add_cli(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(list(argv))
-    return args.func(args)
+    return cli_main(list(argv))
 
 
 def result(status: str, rel: float | None = None, *, case: str = CASE, backend: str = "cudnn", check: str = "forward",
