@@ -17,6 +17,7 @@ import shlex
 import time
 import traceback
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 
@@ -85,11 +86,13 @@ def guarded(x: torch.Tensor | None, margin: int) -> torch.Tensor | None:
     return view
 
 
+def prefix_sums(lengths) -> list[int]:
+    """``[0, l0, l0+l1, ...]``: sequence offsets, the shape of cu_seqlens."""
+    return list(accumulate(lengths, initial=0))
+
+
 def offsets_of(case: Case) -> list[int]:
-    out = [0]
-    for n in case.seqlens:
-        out.append(out[-1] + n)
-    return out
+    return prefix_sums(case.seqlens)
 
 
 def to_packed(x: torch.Tensor, case: Case) -> torch.Tensor:
@@ -108,10 +111,7 @@ def segment_inputs(case: Case, inputs: dict, seg: int) -> tuple[dict, list[int]]
             if inputs.get(name) is not None:
                 out[name] = inputs[name].index_select(0, idx)
         lens = [b - a for a, b in bounds]
-        cu = [0]
-        for n in lens:
-            cu.append(cu[-1] + n)
-        out["cu_seqlens"] = torch.tensor(cu, dtype=inputs["cu_seqlens"].dtype, device=inputs["cu_seqlens"].device)
+        out["cu_seqlens"] = torch.tensor(prefix_sums(lens), dtype=inputs["cu_seqlens"].dtype, device=inputs["cu_seqlens"].device)
     else:
         a, b = bounds[0]
         axis = SEQ_AXIS[case.layout]
@@ -431,7 +431,7 @@ class CaseRunner:
                 state_vk = layouts.state_convert(st.float(), "kv", "vk").to(state_dtype)
         # Re-interleave segments back into each sequence's token order.
         pieces = []
-        seg_offsets = [[0] + list(_cumsum(lens)) for lens in seg_lens]
+        seg_offsets = [prefix_sums(lens) for lens in seg_lens]
         for n in range(case.N):
             for s in range(n_seg):
                 a, b = seg_offsets[s][n], seg_offsets[s][n + 1]
@@ -463,13 +463,6 @@ def _stage_checks(case: Case, stage: str) -> list[str]:
     if stage == "continuation_ref":
         return ["continuation_ref", "continuation_self"]
     return [stage]
-
-
-def _cumsum(xs):
-    total = 0
-    for x in xs:
-        total += x
-        yield total
 
 
 def _fmt(x) -> str:
