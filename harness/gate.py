@@ -381,6 +381,22 @@ def probe_env(finder: Finder | None = None) -> Env:
     return _probe_real() if finder is None else _probe(finder)
 
 
+def visible_gpus(environ=os.environ, run=subprocess.run) -> list[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` entries, without initializing CUDA here
+    (a process that has touched CUDA can no longer be pinned to one GPU, and its children inherit that).
+
+    An explicit ``CUDA_VISIBLE_DEVICES`` is the answer (``""`` hides every GPU); otherwise
+    ``nvidia-smi -L`` counts them. No nvidia-smi: no GPUs."""
+    pinned = environ.get("CUDA_VISIBLE_DEVICES")
+    if pinned is not None:
+        return [d.strip() for d in pinned.split(",") if d.strip()]
+    try:
+        out = run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i in range(sum(1 for line in out.splitlines() if line.startswith("GPU ")))]
+
+
 # --------------------------------------------------------------------------------------------------
 # Pair verdicts
 

@@ -3,7 +3,9 @@
 The tasks (case x backend) run in a worker process that streams results into ``results.jsonl`` and
 tells the parent which task it starts and finishes. If the worker dies hard (segfault, CUDA illegal
 address, ``os._exit``), everything it wrote is already on disk; the parent records an ``error`` for
-the task in flight and continues with the rest in a fresh worker.
+the task in flight and continues with the rest in a fresh worker. With ``--jobs N``, N such workers run
+side by side on shards of whole compile families, each streaming to its own ``results.wK.jsonl``, which
+is folded into ``results.jsonl`` when the shards end.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -25,7 +28,7 @@ from deltacheck.cases.support import OPS
 
 from . import gate
 from .backends.base import BackendLoadError, Verdict, get_backend
-from .results import SCHEMA, Result, ResultStream, read_records
+from .results import SCHEMA, Result, ResultStream, fold_parts, read_records
 from .rundir import new_run_dir, provenance
 from .runner import CaseRunner, RunOptions, checks_for, repro_command
 
@@ -48,25 +51,36 @@ def pair_availability(backend, spec: str, op: str, env) -> Verdict:
 
 
 class Progress:
-    """A one-line progress bar with ETA on a terminal; silent in CI or when piped."""
+    """Progress with ETA: a one-line bar on a terminal; elsewhere (CI logs, a file) a plain line at most
+    once a minute, so a long or stuck run shows where it is without flooding the log."""
+
+    LOG_EVERY_S = 60.0
 
     def __init__(self, total: int, stream=sys.stderr):
         self.total, self.stream, self.done, self.t0 = total, stream, 0, time.monotonic()
-        self.enabled = stream.isatty() and not os.environ.get("CI")
+        self.bar = stream.isatty() and not os.environ.get("CI")
+        self.last_line = self.t0
+        self.open = True
 
     def update(self, label: str) -> None:
         self.done += 1
-        if not self.enabled:
-            return
-        elapsed = time.monotonic() - self.t0
+        now = time.monotonic()
+        elapsed = now - self.t0
         eta = elapsed / self.done * (self.total - self.done)
         line = f"[{self.done}/{self.total}] {100 * self.done // max(self.total, 1)}% ETA {eta:5.0f}s  {label}"
-        self.stream.write("\r" + line[:120].ljust(120))
+        if self.bar:
+            self.stream.write("\r" + line[:120].ljust(120))
+        elif now - self.last_line >= self.LOG_EVERY_S:
+            self.last_line = now
+            self.stream.write(f"{line}  (elapsed {elapsed:.0f}s)\n")
+        else:
+            return
         self.stream.flush()
 
     def close(self) -> None:
-        if self.enabled:
+        if self.bar and self.open:
             self.stream.write("\n")
+        self.open = False
 
 
 def run_task(runner: CaseRunner, case: Case, spec: str, env, sink=None) -> list[Result]:
@@ -149,15 +163,35 @@ def worker_main() -> int:
     return 0
 
 
-def _run_in_workers(tasks, results_path, opts, on_done, max_restarts=50):
+# Worker processes alive right now, so an interrupted run can end them instead of leaving them running.
+_LIVE_WORKERS: set[subprocess.Popen] = set()
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI timeout, ``kill``) turned into an interrupt, so a run ends the way Ctrl-C ends it."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated("terminated by SIGTERM")
+
+
+def _stop_workers() -> None:
+    for proc in list(_LIVE_WORKERS):
+        proc.kill()
+        proc.wait()
+        _LIVE_WORKERS.discard(proc)
+
+
+def _run_in_workers(tasks, results_path, opts, on_done, max_restarts=50, env=None):
     """Feed tasks to a worker; on a hard crash, record it and continue in a fresh worker."""
     remaining = list(tasks)
     restarts = 0
     while remaining:
         proc = subprocess.Popen(
             [sys.executable, "-m", "deltacheck.harness.worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, env=env,
         )
+        _LIVE_WORKERS.add(proc)
         lines = [json.dumps({"results": str(results_path), "opts": asdict(opts)})]
         lines += [json.dumps({"i": i, "case": case.id, "backend": spec}) for i, (case, spec) in remaining]
         # A thread feeds stdin while this one reads stdout: writing everything first deadlocks once both
@@ -177,6 +211,7 @@ def _run_in_workers(tasks, results_path, opts, on_done, max_restarts=50):
                 on_done(int(idx), json.loads(summary))
         proc.stdout.close()
         code = proc.wait()
+        _LIVE_WORKERS.discard(proc)
         feeder.join(timeout=10)
         remaining = [t for t in remaining if t[0] not in finished]
         if not remaining:
@@ -215,8 +250,6 @@ def _feed(stdin, lines: list[str]) -> None:
 
 def _describe_exit(code: int) -> str:
     if code < 0:
-        import signal
-
         try:
             return f"killed by {signal.Signals(-code).name}"
         except ValueError:
@@ -224,13 +257,67 @@ def _describe_exit(code: int) -> str:
     return f"exit status {code}"
 
 
+def compile_family(case: Case, spec: str) -> tuple:
+    """Tasks that share a kernel specialization: same backend, op, dtype and head dims. JIT backends
+    (Triton, cuDNN's runtime compile) build and autotune a kernel once per family, so a shard that owns
+    whole families compiles each once."""
+    return (spec, case.op, case.io_dtype, case.K, case.V)
+
+
+def shard_tasks(tasks: list, jobs: int) -> list[list]:
+    """Split ``[(i, (case, spec)), ...]`` into at most ``jobs`` shards: whole compile families, largest
+    first, each to the shard with the fewest tasks so far; each shard keeps the run's order."""
+    families: dict[tuple, list] = defaultdict(list)
+    for task in tasks:
+        families[compile_family(*task[1])].append(task)
+    shards: list[list] = [[] for _ in range(max(1, min(jobs, len(families))))]
+    for members in sorted(families.values(), key=len, reverse=True):
+        min(shards, key=len).extend(members)
+    return [sorted(shard, key=lambda t: t[0]) for shard in shards if shard]
+
+
+def _run_sharded(tasks, run_dir: Path, opts, on_done, jobs: int) -> None:
+    """``jobs`` workers side by side, each on its own shard and results file; the files are folded into
+    results.jsonl when the shards end — also when one of them raised or the run was interrupted."""
+    shards = shard_tasks(tasks, jobs)
+    gpus = gate.visible_gpus() if opts.device.startswith("cuda") else []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def locked_on_done(i, summary):
+        with lock:
+            on_done(i, summary)
+
+    def one(k: int, shard: list) -> None:
+        env = dict(os.environ)
+        if len(gpus) > 1:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[k % len(gpus)]
+        try:
+            _run_in_workers(shard, run_dir / f"results.w{k}.jsonl", opts, locked_on_done, env=env)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller after every shard ends
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(k, shard), daemon=True) for k, shard in enumerate(shards)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        _stop_workers()  # on an interrupt; a no-op when every shard ended
+        fold_parts(run_dir / "results.jsonl", sorted(run_dir.glob("results.w*.jsonl")))
+    if errors:
+        raise errors[0]
+
+
 # --- a whole run ---------------------------------------------------------------------------------
 
 
 def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, opts: RunOptions, *,
             in_process: bool = False, argv: list[str] | None = None, environ=os.environ,
-            stream=sys.stdout) -> tuple[int, Path]:
-    """Run ``cases`` x ``backend_specs``; returns (exit status, run directory)."""
+            stream=sys.stdout, jobs: int = 1) -> tuple[int, Path]:
+    """Run ``cases`` x ``backend_specs``; returns (exit status, run directory).
+    ``jobs`` > 1 runs that many worker processes side by side (see ``shard_tasks``)."""
     env = gate.probe_env()
     required = gate.required_pairs(environ)
     run_dir = new_run_dir(out_root)
@@ -263,13 +350,27 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
             decline_reasons.setdefault((spec, case.op), summary["decline_reason"])
         progress.update(f"{spec} {case.id}")
 
-    if in_process:
-        runner = CaseRunner(opts)
-        with ResultStream(results_path) as out:
-            for i, (case, spec) in tasks:
-                on_done(i, _task_summary(run_task(runner, case, spec, env, sink=out.write)))
-    else:
-        _run_in_workers(tasks, results_path, opts, on_done)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous_handler = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
+    try:
+        if in_process:
+            runner = CaseRunner(opts)
+            with ResultStream(results_path) as out:
+                for i, (case, spec) in tasks:
+                    on_done(i, _task_summary(run_task(runner, case, spec, env, sink=out.write)))
+        elif jobs > 1:
+            _run_sharded(tasks, run_dir, opts, on_done, jobs)
+        else:
+            _run_in_workers(tasks, results_path, opts, on_done)
+    except KeyboardInterrupt as exc:
+        progress.close()
+        print(f"\ndeltacheck run: {exc or 'interrupted'}; every check judged so far is in {results_path} "
+              "(no end record: reports will say the run did not finish)", file=sys.stderr)
+        raise
+    finally:
+        _stop_workers()
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous_handler)
     progress.close()
 
     failures = gate.required_failures(
@@ -359,6 +460,16 @@ def _select_cases(args) -> list[Case]:
     return cases
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tier", default="L0", choices=["L0", "L1", "L2"], help="case tier (default L0)")
     p.add_argument("--op", action="append", choices=OPS, help="only this op (repeatable)")
@@ -372,6 +483,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the same-precision baseline (limits fall back to the absolute thresholds)")
     p.add_argument("--in-process", action="store_true", help="no worker process (faster start; a hard crash ends the run)")
+    p.add_argument("-j", "--jobs", type=_positive_int, default=1, metavar="N",
+                   help="N worker processes side by side (default 1), each owning whole compile families "
+                        "(backend, op, dtype, head dims) so a JIT kernel is built once; with several GPUs "
+                        "visible, worker k uses GPU k mod count. Speeds up first-compile-bound fused runs")
 
 
 def _options(args) -> RunOptions:
@@ -393,8 +508,15 @@ def cmd_run(args) -> int:
     except ValueError as exc:  # gate.RequireSpecError: a malformed setting is a usage error
         print(f"deltacheck run: {exc}", file=sys.stderr)
         return 2
-    status, run_dir = execute(cases, specs, args.out, _options(args), in_process=args.in_process,
-                              argv=sys.argv[1:])
+    if args.in_process and args.jobs > 1:
+        print("deltacheck run: --in-process runs one task at a time in this process; drop it to use --jobs",
+              file=sys.stderr)
+        return 2
+    try:
+        status, run_dir = execute(cases, specs, args.out, _options(args), in_process=args.in_process,
+                                  argv=sys.argv[1:], jobs=args.jobs)
+    except KeyboardInterrupt as exc:
+        return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
     if args.report:
         _render_report(run_dir)
     return status

@@ -2,8 +2,8 @@
 
 Enable it with ``-p deltacheck.harness.pytest_plugin`` (the project's own ``tests/conftest.py`` does),
 then any test taking the ``dc_task`` fixture is parametrized by case x backend, with the case id in
-the test id — so ``-k``, ``--junitxml`` and pytest-xdist (``-n 2``; each worker pinned to one GPU
-through ``CUDA_VISIBLE_DEVICES``) work with no extra glue. Each item carries the markers of its op and
+the test id — so ``-k``, ``--junitxml`` and pytest-xdist (``-n 2``; each worker pinned to one of the
+visible GPUs through ``CUDA_VISIBLE_DEVICES``) work with no extra glue. Each item carries the markers of its op and
 backend. A backend that cannot serve a case is skipped with its reason; a *required* pair
 (``NVTE_GDN2_TEST_REQUIRED=1``, ``NVTE_GDN_TEST_REQUIRED=1``, ``DELTACHECK_REQUIRE``) fails instead, and
 the session fails if a required pair executed zero cases — never a silent pass.
@@ -46,11 +46,13 @@ def pytest_configure(config):
     for name in KNOWN_BACKENDS:
         config.addinivalue_line("markers", f"{_marker(name)}: a deltacheck case run against backend {name}")
     worker = _worker_id(config) or ""
-    if worker.startswith("gw") and "CUDA_VISIBLE_DEVICES" not in os.environ:
-        # One GPU per xdist worker, before anything initializes CUDA in this process.
-        n_gpus = _gpu_count_without_init()
-        if n_gpus > 1:
-            os.environ["CUDA_VISIBLE_DEVICES"] = str(int(worker[2:]) % n_gpus)
+    if worker.startswith("gw"):
+        # One GPU per xdist worker (of those visible), before anything initializes CUDA in this process.
+        from .gate import visible_gpus
+
+        gpus = visible_gpus()
+        if len(gpus) > 1:
+            os.environ["CUDA_VISIBLE_DEVICES"] = gpus[int(worker[2:]) % len(gpus)]
     config.stash[_STATE_KEY] = {"executed": Counter(), "declined": Counter(), "decline_reason": {}}
     _open_run_dir(config)
     from . import gate
@@ -66,16 +68,6 @@ def _worker_id(config) -> str | None:
     (Read from the config, not the environment: a pytest started from inside a worker inherits its env.)"""
     workerinput = getattr(config, "workerinput", None)
     return workerinput.get("workerid") if workerinput else None
-
-
-def _gpu_count_without_init() -> int:
-    try:
-        import subprocess
-
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
-        return sum(1 for line in out.splitlines() if line.startswith("GPU "))
-    except (OSError, subprocess.SubprocessError):
-        return 0
 
 
 def _marker(name: str) -> str:
@@ -285,13 +277,10 @@ def _close_run_dir(state, failures, exit_status: int) -> None:
         return
     import time
 
-    from .results import ResultStream, read_records
+    from .results import ResultStream, fold_parts, read_records
 
     main = run_dir / "results.jsonl"
-    for part in sorted(run_dir.glob("results.gw*.jsonl")):
-        with open(main, "a", encoding="utf-8") as out, open(part, encoding="utf-8") as src:
-            out.write(src.read())
-        part.unlink()
+    fold_parts(main, sorted(run_dir.glob("results.gw*.jsonl")))
     counts = Counter(rec["status"] for _, rec, _ in read_records(main) if rec and rec["kind"] == "result")
     with ResultStream(main) as out:
         out.write({"kind": "end", "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -91,3 +91,17 @@ def read_records(path: str | os.PathLike) -> Iterator[tuple[int, dict | None, st
                 yield lineno, None, "not a deltacheck record (no 'kind')"
                 continue
             yield lineno, rec, ""
+
+
+def fold_parts(main: str | os.PathLike, parts: list) -> None:
+    """Append each part file (an xdist worker's or a ``--jobs`` shard's results) to ``main``, then
+    delete it. A part is removed only after its records are on disk in ``main``."""
+    for part in parts:
+        with open(part, encoding="utf-8") as src:
+            text = src.read()
+        if text:
+            with open(main, "a", encoding="utf-8") as out:
+                out.write(text if text.endswith("\n") else text + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+        os.unlink(part)

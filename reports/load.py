@@ -16,6 +16,7 @@ from typing import Any
 from deltacheck.harness.results import SCHEMA, STATUSES, read_records
 
 RESULTS_FILE = "results.jsonl"
+PART_GLOB = "results.*w*.jsonl"  # results.w3.jsonl (--jobs shard), results.gw3.jsonl (xdist worker)
 
 
 class RunInputError(Exception):
@@ -140,6 +141,47 @@ def _normalize_result(rec: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     return out, ""
 
 
+def _read_into(run: Run, results_file: Path, problem) -> bool:
+    """Add one JSONL file's records to ``run``; True when it held any readable record."""
+    seen_any = False
+    for lineno, rec, error in read_records(results_file):
+        if rec is None:
+            problem(lineno, error)
+            continue
+        seen_any = True
+        kind = rec.get("kind")
+        if kind == "run":
+            if "schema" not in rec:
+                raise RunInputError(f"{results_file} line {lineno}: the run header has no schema field; "
+                                    f"this deltacheck reads schema {SCHEMA}")
+            if rec.get("schema") != SCHEMA:
+                raise RunInputError(f"{results_file} line {lineno}: written with results schema "
+                                    f"{rec.get('schema')!r}, this deltacheck reads schema {SCHEMA}; "
+                                    f"render it with the deltacheck version that wrote it")
+            if run.header:
+                problem(lineno, "a second run header (the file was appended to by another run); "
+                                "keeping the first header")
+                continue
+            run.header = rec
+        elif kind == "gate":
+            if not rec.get("backend") or not rec.get("op"):
+                problem(lineno, "gate record without backend or op")
+                continue
+            run.gates.append(rec)
+        elif kind == "result":
+            result, why = _normalize_result(rec)
+            if result is None:
+                problem(lineno, why)
+                continue
+            result["line"] = lineno
+            run.results.append(result)
+        elif kind == "end":
+            run.end = rec
+        else:
+            problem(lineno, f"unknown record kind {kind!r}")
+    return seen_any
+
+
 def load_run(path: str | Path, *, warn: bool = True) -> Run:
     """Read a run directory (or a results.jsonl file directly).
 
@@ -156,54 +198,31 @@ def load_run(path: str | Path, *, warn: bool = True) -> Run:
         raise RunInputError(f"no run directory at {path}")
 
     run = Run(directory=directory, results_file=results_file)
+    # A run killed before it folded its workers' files (``--jobs`` shards, pytest-xdist workers) left
+    # their records beside results.jsonl; they are read too, so nothing judged is lost from the report.
+    parts = sorted(directory.glob(PART_GLOB)) if path.is_dir() else []
+    source = results_file
 
     def problem(line: int | None, message: str) -> None:
+        if source != results_file:
+            message = f"{source.name}: {message}"
         run.problems.append(InputProblem(line, message))
         if warn:
-            where = f"{results_file} line {line}" if line is not None else str(results_file)
+            where = f"{source} line {line}" if line is not None else str(source)
             print(f"warning: {where}: {message}" + ("; skipped" if line is not None else ""), file=sys.stderr)
 
     seen_any = False
-    try:
-        for lineno, rec, error in read_records(results_file):
-            if rec is None:
-                problem(lineno, error)
-                continue
-            seen_any = True
-            kind = rec.get("kind")
-            if kind == "run":
-                if "schema" not in rec:
-                    raise RunInputError(f"{results_file} line {lineno}: the run header has no schema field; "
-                                        f"this deltacheck reads schema {SCHEMA}")
-                if rec.get("schema") != SCHEMA:
-                    raise RunInputError(f"{results_file} line {lineno}: written with results schema "
-                                        f"{rec.get('schema')!r}, this deltacheck reads schema {SCHEMA}; "
-                                        f"render it with the deltacheck version that wrote it")
-                if run.header:
-                    problem(lineno, "a second run header (the file was appended to by another run); "
-                                    "keeping the first header")
-                    continue
-                run.header = rec
-            elif kind == "gate":
-                if not rec.get("backend") or not rec.get("op"):
-                    problem(lineno, "gate record without backend or op")
-                    continue
-                run.gates.append(rec)
-            elif kind == "result":
-                result, why = _normalize_result(rec)
-                if result is None:
-                    problem(lineno, why)
-                    continue
-                result["line"] = lineno
-                run.results.append(result)
-            elif kind == "end":
-                run.end = rec
-            else:
-                problem(lineno, f"unknown record kind {kind!r}")
-    except UnicodeDecodeError as exc:
-        raise RunInputError(f"{results_file} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except OSError as exc:
-        raise RunInputError(f"cannot read {results_file}: {exc.strerror or exc}") from None
+    for source in [results_file, *parts]:
+        try:
+            seen_any |= _read_into(run, source, problem)
+        except UnicodeDecodeError as exc:
+            raise RunInputError(f"{source} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        except OSError as exc:
+            raise RunInputError(f"cannot read {source}: {exc.strerror or exc}") from None
+    source = results_file
+    if parts:
+        problem(None, f"{len(parts)} worker file(s) were never folded into {RESULTS_FILE} (the run was "
+                      f"killed before it ended); their records are included: {', '.join(p.name for p in parts)}")
 
     if not seen_any:
         raise RunInputError(f"{results_file} holds no readable deltacheck records")

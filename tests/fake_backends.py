@@ -91,3 +91,16 @@ class _DieInBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         os._exit(139)
+
+
+class Hanging(Working):
+    """A kernel that never returns on kda (a hung launch): the run can only end by being stopped."""
+
+    name = "hanging"
+
+    def run(self, case, inputs):
+        if case.op == "kda":
+            import time
+
+            time.sleep(600)
+        return super().run(case, inputs)

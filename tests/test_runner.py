@@ -34,13 +34,13 @@ def records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
 
 
-def run(specs, tmp_path, in_process=True, environ=None, cases=None):
+def run(specs, tmp_path, in_process=True, environ=None, cases=None, jobs=1):
     cases = cases if cases is not None else [__import__("deltacheck.cases", fromlist=["Case"]).Case.from_id(c)
                                              for c in CASE_IDS]
     sys.path.insert(0, str(TESTS))
     try:
         return execute(cases, specs, tmp_path, RunOptions(reference="oracle"), in_process=in_process,
-                       environ=environ or {}, stream=io.StringIO())
+                       environ=environ or {}, stream=io.StringIO(), jobs=jobs)
     finally:
         sys.path.remove(str(TESTS))
 
@@ -202,3 +202,172 @@ def test_a_crash_in_the_backward_keeps_the_forward_results_already_judged(tmp_pa
     assert gdn["forward"]["status"] == "pass" and gdn["state"]["status"] == "pass"
     assert gdn["grad_q"]["status"] == "error" and "worker process died" in gdn["grad_q"]["reason"]
     assert all(r["status"] == "pass" for r in records(run_dir) if r.get("kind") == "result" and r["op"] != "gdn")
+
+
+# --- --jobs: shards of whole compile families in parallel workers ----------------------------------
+
+
+def _comparable(run_dir: Path) -> list[dict]:
+    """The result records without timings, in a fixed order."""
+    results = [{k: v for k, v in r.items() if k != "seconds"} for r in records(run_dir) if r["kind"] == "result"]
+    return sorted(results, key=lambda r: (r["case"], r["backend"], r["check"]))
+
+
+def test_jobs_give_the_results_one_worker_gives(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
+    specs = ["fake_backends:Working", "fake_backends:Raising"]
+    status1, one = run(specs, tmp_path / "one", in_process=False)
+    status3, three = run(specs, tmp_path / "three", in_process=False, jobs=3)
+    assert status1 == status3 == 1  # Raising errs on kda in both
+    assert _comparable(three) == _comparable(one) and len(_comparable(one)) > 20
+    recs = records(three)
+    assert recs[0]["kind"] == "run" and recs[-1]["kind"] == "end"
+    assert not list(three.glob("results.w*.jsonl")), "shard files must be folded into results.jsonl"
+
+
+def test_a_hard_crash_in_one_shard_is_recorded_and_the_others_finish(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
+    status, run_dir = run(["fake_backends:Crashing"], tmp_path, in_process=False, jobs=3)
+    results = [r for r in records(run_dir) if r["kind"] == "result"]
+    assert status == 1
+    crashed = [r for r in results if r["op"] == "kda"]
+    assert crashed and all("worker process died (exit status 139)" in r["reason"] for r in crashed)
+    assert {r["op"] for r in results if r["status"] == "pass"} == {"gdn", "gdn2"}
+    assert records(run_dir)[-1]["kind"] == "end"
+
+
+def test_shards_keep_compile_families_whole_balanced_and_in_order():
+    from deltacheck.harness.orchestrate import compile_family, shard_tasks
+
+    cases = select(tier="L0")
+    tasks = list(enumerate((c, s) for c in cases for s in ("fla", "cudnn")))
+    shards = shard_tasks(tasks, 6)
+    assert len(shards) == 6
+    assert sorted(i for shard in shards for i, _ in shard) == list(range(len(tasks)))  # each task once
+    owner = {}
+    for k, shard in enumerate(shards):
+        assert [i for i, _ in shard] == sorted(i for i, _ in shard)
+        for _, (case, spec) in shard:
+            assert owner.setdefault(compile_family(case, spec), k) == k, "a family was split across shards"
+    family_sizes = {}
+    for _, (case, spec) in tasks:
+        family_sizes[compile_family(case, spec)] = family_sizes.get(compile_family(case, spec), 0) + 1
+    sizes = [len(s) for s in shards]
+    assert max(sizes) - min(sizes) <= max(family_sizes.values())
+    assert len(shard_tasks(tasks[:3], 8)) <= 3  # never more shards than families
+    assert shard_tasks([], 4) == []
+
+
+def test_with_several_gpus_each_shard_is_pinned_to_one(tmp_path, monkeypatch):
+    from deltacheck.harness import gate, orchestrate
+
+    seen = {}
+
+    def fake_workers(tasks, results_path, opts, on_done, env=None):
+        seen[results_path.name] = env["CUDA_VISIBLE_DEVICES"]
+        for i, _ in tasks:
+            on_done(i, {"statuses": {}, "executed": False, "declined": False})
+
+    monkeypatch.setattr(gate, "visible_gpus", lambda: ["4", "6"])
+    monkeypatch.setattr(orchestrate, "_run_in_workers", fake_workers)
+    cases = [select(tier="L0", op=op)[0] for op in ("gdn", "kda", "gdn2")]
+    execute(cases, ["oracle"], tmp_path, RunOptions(device="cuda", reference="oracle"), jobs=3,
+            environ={}, stream=io.StringIO())
+    assert seen == {"results.w0.jsonl": "4", "results.w1.jsonl": "6", "results.w2.jsonl": "4"}
+
+
+@pytest.mark.parametrize("pinned, smi, expected", [
+    ("", "GPU 0: H200\n", []),
+    ("2,3", "GPU 0: H200\n", ["2", "3"]),
+    (None, "GPU 0: NVIDIA H200 (UUID: x)\nGPU 1: NVIDIA H200 (UUID: y)\n", ["0", "1"]),
+    (None, OSError("no nvidia-smi"), []),
+])
+def test_visible_gpus(pinned, smi, expected):
+    from types import SimpleNamespace
+
+    from deltacheck.harness.gate import visible_gpus
+
+    def fake_run(*args, **kwargs):
+        if isinstance(smi, Exception):
+            raise smi
+        return SimpleNamespace(stdout=smi)
+
+    environ = {} if pinned is None else {"CUDA_VISIBLE_DEVICES": pinned}
+    assert visible_gpus(environ, run=fake_run) == expected
+
+
+@pytest.mark.parametrize("jobs", ["0", "-1", "two"])
+def test_jobs_must_be_a_positive_whole_number(jobs, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["run", "--backend", "oracle", "--limit", "1", "--out", str(tmp_path), "--jobs", jobs])
+    assert exc.value.code == 2 and "expected a whole number >= 1" in capsys.readouterr().err
+
+
+def test_jobs_with_in_process_is_a_usage_error(tmp_path, capsys):
+    assert cli_main(["run", "--backend", "oracle", "--limit", "1", "--out", str(tmp_path), "-j", "2",
+                     "--in-process"]) == 2
+    assert "--in-process" in capsys.readouterr().err
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads worker pids from /proc (Linux)")
+def test_sigterm_ends_a_sharded_run_keeping_every_judged_check_and_no_worker(tmp_path):
+    import signal
+    import time
+
+    argv = [sys.executable, "-m", "deltacheck", "run", "-j", "3", "--backend", "fake_backends:Hanging",
+            "--reference", "oracle", "--out", str(tmp_path)]
+    for case_id in CASE_IDS:
+        argv += ["--case", case_id]
+    proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until the two shards that do not hang have finished
+            parts = "".join(p.read_text() for p in tmp_path.glob("*/results.w*.jsonl"))
+            if parts.count('"check": "determinism"') >= 2:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the non-hanging shards did not finish within 120 s")
+        workers = _children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "terminated by SIGTERM" in err and "results.jsonl" in err
+    (run_dir,) = tmp_path.iterdir()
+    assert not list(run_dir.glob("results.w*.jsonl")), "shard files must be folded on SIGTERM"
+    recs = records(run_dir)
+    assert recs[-1]["kind"] != "end"  # an interrupted run says it did not finish
+    judged = {(r["op"], r["check"]) for r in recs if r["kind"] == "result" and r["status"] == "pass"}
+    assert {("gdn", "determinism"), ("gdn2", "determinism"), ("gdn", "forward")} <= judged
+    assert workers and all(not Path(f"/proc/{pid}").exists() for pid in workers), "a worker outlived the run"
+
+
+def test_a_report_reads_worker_files_a_killed_run_never_folded(tmp_path, monkeypatch):
+    from deltacheck.reports.load import load_run
+
+    monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
+    _, run_dir = run(["fake_backends:Working"], tmp_path, in_process=False, jobs=2)
+    lines = (run_dir / "results.jsonl").read_text().splitlines()
+    head = [ln for ln in lines if json.loads(ln)["kind"] in ("run", "gate")]
+    body = [ln for ln in lines if json.loads(ln)["kind"] == "result"]
+    # as SIGKILL leaves it: header and gates in results.jsonl, the results still in two shard files
+    (run_dir / "results.jsonl").write_text("\n".join(head) + "\n")
+    (run_dir / "results.w0.jsonl").write_text("\n".join(body[:5]) + "\n")
+    (run_dir / "results.w1.jsonl").write_text("\n".join(body[5:]) + "\n")
+    loaded = load_run(run_dir, warn=False)
+    assert len(loaded.results) == len(body) and not loaded.finished
+    assert any("never folded" in str(p) and "results.w1.jsonl" in str(p) for p in loaded.problems)
