@@ -265,14 +265,23 @@ def compile_family(case: Case, spec: str) -> tuple:
 
 
 def shard_tasks(tasks: list, jobs: int) -> list[list]:
-    """Split ``[(i, (case, spec)), ...]`` into at most ``jobs`` shards: whole compile families, largest
-    first, each to the shard with the fewest tasks so far; each shard keeps the run's order."""
+    """Split ``[(i, (case, spec)), ...]`` into at most ``jobs`` shards of whole compile families.
+
+    Each backend's families are spread over the shards on their own (largest first, each to the shard
+    holding the fewest of that backend's tasks), so one backend's expensive compiles are not all packed
+    into the same few shards while others get only another backend's quick declines. Each shard keeps
+    the run's order."""
     families: dict[tuple, list] = defaultdict(list)
     for task in tasks:
         families[compile_family(*task[1])].append(task)
-    shards: list[list] = [[] for _ in range(max(1, min(jobs, len(families))))]
-    for members in sorted(families.values(), key=len, reverse=True):
-        min(shards, key=len).extend(members)
+    n = max(1, min(jobs, len(families)))
+    shards: list[list] = [[] for _ in range(n)]
+    per_backend: dict[str, list[int]] = defaultdict(lambda: [0] * n)
+    for family, members in sorted(families.items(), key=lambda kv: len(kv[1]), reverse=True):
+        load = per_backend[family[0]]
+        k = min(range(n), key=lambda j: (load[j], len(shards[j])))
+        shards[k].extend(members)
+        load[k] += len(members)
     return [sorted(shard, key=lambda t: t[0]) for shard in shards if shard]
 
 
