@@ -175,7 +175,12 @@ def _raise_terminated(signum, frame):
     raise Terminated("terminated by SIGTERM")
 
 
+# Set while a run is ending on purpose (an interrupt), so the workers it kills are not recorded as crashes.
+_STOPPING = threading.Event()
+
+
 def _stop_workers() -> None:
+    _STOPPING.set()
     for proc in list(_LIVE_WORKERS):
         proc.kill()
         proc.wait()
@@ -216,6 +221,12 @@ def _run_in_workers(tasks, results_path, opts, on_done, max_restarts=50, env=Non
         remaining = [t for t in remaining if t[0] not in finished]
         if not remaining:
             break
+        if _STOPPING.is_set():
+            return  # the run is being stopped and ended this worker: not a crash, nothing to record
+        if code in (-signal.SIGTERM, -signal.SIGINT):
+            # A timeout or Ctrl-C reaches the whole process group: the run is being interrupted, and the
+            # task in flight did not crash. Recording it as a kernel crash would be a false finding.
+            raise Terminated(f"a worker was stopped ({_describe_exit(code)}): the run was interrupted")
         if in_flight is None:  # died between tasks: blame the next one it would have started
             in_flight = remaining[0][0]
         crashed = next(t for t in remaining if t[0] == in_flight)
@@ -314,6 +325,8 @@ def _run_sharded(tasks, run_dir: Path, opts, on_done, jobs: int) -> None:
             t.join()
     finally:
         _stop_workers()  # on an interrupt; a no-op when every shard ended
+        for t in threads:  # let each shard thread see its worker gone before its file is folded
+            t.join(timeout=10)
         fold_parts(run_dir / "results.jsonl", sorted(run_dir.glob("results.w*.jsonl")))
     if errors:
         raise errors[0]
@@ -359,6 +372,7 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
             decline_reasons.setdefault((spec, case.op), summary["decline_reason"])
         progress.update(f"{spec} {case.id}")
 
+    _STOPPING.clear()
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous_handler = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
     try:
