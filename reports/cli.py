@@ -1,7 +1,7 @@
-"""``deltacheck report`` and ``deltacheck compare``.
+"""``deltacheck report``, ``deltacheck compare`` and ``deltacheck merge``.
 
-Exit statuses: report 0 when the files were written; compare 0 without a regression, 1 with one;
-both 2 when an input cannot be read (missing directory, other schema), 3 on an internal error.
+Exit statuses: report and merge 0 when the files were written; compare 0 without a regression, 1 with
+one; all 2 when an input cannot be read (missing directory, other schema), 3 on an internal error.
 """
 
 from __future__ import annotations
@@ -75,6 +75,16 @@ def _compare(args: argparse.Namespace) -> int:
     return cmp.exit_status
 
 
+def _merge(args: argparse.Namespace) -> int:
+    from .merge import describe, merge_runs
+
+    out = merge_runs(args.runs, args.out, allow_mixed_env=args.allow_mixed_env)
+    print(describe(out))
+    if args.report:
+        return _report(argparse.Namespace(run_dir=str(out)))
+    return 0
+
+
 def _factor(text: str) -> float:
     try:
         value = float(text)
@@ -118,3 +128,16 @@ def add_cli(subparsers) -> None:
                    help="errors below this count as this, so tiny exact-ish errors are not 'worse'; default 1e-9")
     c.add_argument("--out", metavar="FILE.md", help="also write the Markdown to this file")
     c.set_defaults(func=_guarded("compare", _compare))
+
+    m = subparsers.add_parser(
+        "merge", help="merge runs of one environment (CI shards, a rerun of an interrupted run) into one run",
+        description="Write a new run directory holding the results of several runs of the same environment: "
+                    "one result per (case, backend, check), the last input that has it winning, so a rerun "
+                    "replaces the attempt it repeats. The merge is finished only if every input finished. "
+                    "Runs of different environments are refused (compare them instead).")
+    m.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories, oldest first (later ones win)")
+    m.add_argument("--out", required=True, metavar="DIR", help="the merged run directory to create (new or empty)")
+    m.add_argument("--allow-mixed-env", action="store_true",
+                   help="merge runs whose environment fingerprints differ (each input's environment is kept)")
+    m.add_argument("--report", action="store_true", help="render the reports into the merged directory")
+    m.set_defaults(func=_guarded("merge", _merge))

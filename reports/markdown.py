@@ -79,6 +79,20 @@ def render_markdown(summary: dict[str, Any]) -> str:
                    + (f" · fingerprint `{env['fingerprint']}`" if env.get("fingerprint") else ""))
         out.append("")
 
+    if summary.get("pairs"):
+        out += ["## By backend × op", ""]
+        out += table(
+            ["backend", "op", "cases", "ran", "passed", "failed", "errored", "declined",
+             "checks pass / fail / skip / error", "worst headroom", "worst case (check)", "worker s"],
+            [[p["backend"], p["op"], p["cases"], p["ran"], p["passed"], f"**{p['failed']}**" if p["failed"] else 0,
+              f"**{p['errored']}**" if p["errored"] else 0, p["declined"],
+              " / ".join(str(p["checks"][s]) for s in ("pass", "fail", "skip", "error")),
+              fmt_headroom(p["worst_headroom"]),
+              f"{code(p['worst_headroom_case'])} ({p['worst_headroom_check']})" if p["worst_headroom_case"] else "",
+              f"{p['seconds']:.0f}"] for p in summary["pairs"]],
+        )
+        out.append("")
+
     out += ["## Results by op × backend × dtype × check", ""]
     if summary["groups"]:
         out += table(

@@ -75,6 +75,43 @@ def _metrics_brief(result: dict[str, Any]) -> dict[str, Any]:
                                   "worst_head", "worst_seq", "nan", "inf") if m.get(k) is not None}
 
 
+def pair_table(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per backend x op: how many cases ran and how they ended, the worst headroom with its case
+    and check, and the seconds the workers spent (summed over tasks: with ``--jobs`` more than wall time).
+
+    A case *ran* when any of its checks passed or failed; it *passed* when it ran with nothing failed or
+    errored; *declined* when every check was skipped; *errored* when a check errored and none failed."""
+    by_case: dict[tuple[str, str], dict[str, Counter]] = {}
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in results:
+        pair = (r["backend"], r["op"])
+        row = rows.setdefault(pair, {"backend": pair[0], "op": pair[1], "cases": 0, "ran": 0, "passed": 0,
+                                     "failed": 0, "errored": 0, "declined": 0,
+                                     "checks": {s: 0 for s in STATUS_ORDER}, "worst_headroom": None,
+                                     "worst_headroom_case": None, "worst_headroom_check": None, "seconds": 0.0})
+        row["checks"][r["status"]] += 1
+        row["seconds"] += r["seconds"]
+        by_case.setdefault(pair, {}).setdefault(r["case"], Counter())[r["status"]] += 1
+        head = number(r["metrics"].get("headroom"))
+        if head is not None and badness(head) > badness(row["worst_headroom"]):
+            row["worst_headroom"], row["worst_headroom_case"], row["worst_headroom_check"] = head, r["case"], r["check"]
+    for pair, cases in by_case.items():
+        row = rows[pair]
+        for statuses in cases.values():
+            row["cases"] += 1
+            ran = statuses["pass"] + statuses["fail"] > 0
+            row["ran"] += ran
+            if statuses["fail"]:
+                row["failed"] += 1
+            elif statuses["error"]:
+                row["errored"] += 1
+            elif ran:
+                row["passed"] += 1
+            else:
+                row["declined"] += 1
+    return [rows[k] for k in sorted(rows)]
+
+
 def summarize(run: Run) -> dict[str, Any]:
     results = run.results
     counts = Counter(r["status"] for r in results)
@@ -161,6 +198,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "worst_headroom": ({"headroom": worst[0], "case": worst[1], "backend": worst[2], "check": worst[3]}
                            if worst else None),
         "gates": gates,
+        "pairs": pair_table(results),
         "groups": group_list,
         "skip_reasons": skip_list,
         "failures": failures,

@@ -1,0 +1,103 @@
+"""``deltacheck merge``: several runs of one environment -> one run directory that reports read.
+
+For a tier split across CI runners (``-k`` shards, one op per job), or a run that was interrupted and
+finished by a second run of what it had not reached. The merged ``results.jsonl`` holds:
+
+- the first run's header, plus ``merged_from`` (each input's run id, start, argv, commit, fingerprint);
+- one gate record per backend x op, the first input's (inputs of one environment agree);
+- one result per (case, backend, check): the **last** input that has it wins, so a rerun replaces the
+  interrupted attempt it repeats; results keep the order in which they were first seen;
+- an end record only when every input finished — otherwise the merged run says it did not finish.
+
+Runs from different environments (fingerprints differ: another GPU, driver or library version) are
+refused: one report over two machines would blur exactly what ``deltacheck compare`` exists to separate.
+``--allow-mixed-env`` merges them anyway and records every input's environment in ``merged_from``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from deltacheck.harness.results import ResultStream
+
+from .load import RunInputError, load_run
+from .summary import fingerprint, required_failures
+
+RESULT_FIELDS_DROPPED = ("line",)  # added by the loader, not part of a record
+
+
+def merge_runs(inputs: list[str | Path], out: str | Path, *, allow_mixed_env: bool = False) -> Path:
+    """Write the merge of ``inputs`` (in order; later wins) into the new directory ``out``; return it."""
+    if len(inputs) < 2:
+        raise RunInputError("merge needs at least two run directories")
+    runs = [load_run(p, warn=False) for p in inputs]
+    for run in runs:
+        if not run.header:
+            raise RunInputError(f"{run.results_file} has no run header: cannot tell which environment it ran in")
+    prints = [fingerprint(run.env) for run in runs]
+    if len(set(prints)) > 1 and not allow_mixed_env:
+        listing = ", ".join(f"{run.label} {fp}" for run, fp in zip(runs, prints))
+        raise RunInputError(f"the runs come from different environments ({listing}); compare them with "
+                            "`deltacheck compare`, or pass --allow-mixed-env to merge anyway")
+
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise RunInputError(f"{out} exists and is not empty; merge writes a new run directory")
+    out.mkdir(parents=True, exist_ok=True)
+
+    # A later run's result replaces the earlier one in place, so results keep their first-seen order.
+    results: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for run in runs:
+        for r in run.results:
+            results[(r["case"], r["backend"], r["check"])] = {k: v for k, v in r.items()
+                                                             if k not in RESULT_FIELDS_DROPPED}
+
+    gates: dict[tuple[str, str], dict[str, Any]] = {}
+    for run in runs:
+        for g in run.gates:
+            gates.setdefault((str(g.get("backend")), str(g.get("op"))), g)
+
+    header = dict(runs[0].header)
+    header.update({
+        "run_id": out.name,
+        "argv": ["merge", *[str(p) for p in inputs]],
+        "merged_from": [{"run_id": run.label, "started": run.header.get("started"), "argv": run.header.get("argv"),
+                         "commit": run.header.get("commit"), "dirty": run.header.get("dirty"),
+                         "fingerprint": fp, "finished": run.finished,
+                         **({"env": run.env} if len(set(prints)) > 1 else {})}
+                        for run, fp in zip(runs, prints)],
+    })
+    merged = list(results.values())
+    path = out / "results.jsonl"
+    with ResultStream(path) as stream:
+        stream.write(header)
+        for g in gates.values():
+            stream.write(g)
+        for r in merged:
+            stream.write({**r, "kind": "result"})
+        if all(run.finished for run in runs):
+            failures = sorted({line for run in runs for line in required_failures(run)[0]})
+            counts = Counter(r["status"] for r in merged)
+            executed: Counter = Counter()
+            for run in runs:
+                executed.update({k: int(v) for k, v in (run.end or {}).get("executed", {}).items()})
+            stream.write({"kind": "end", "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                          "counts": dict(counts), "required_failures": failures,
+                          "exit_status": 1 if (counts["fail"] or counts["error"] or failures) else 0,
+                          "executed": dict(executed)})
+    return out
+
+
+def describe(out: Path) -> str:
+    """One line on what the merge holds."""
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text(encoding="utf-8").splitlines()]
+    header = records[0]
+    n = sum(1 for r in records if r.get("kind") == "result")
+    finished = records[-1].get("kind") == "end"
+    return (f"merged {len(header['merged_from'])} runs into {out}{os.sep}results.jsonl: {n} results"
+            + ("" if finished else " (at least one input did not finish, so neither does the merge)"))
