@@ -3,9 +3,9 @@
 The tasks (case x backend) run in a worker process that streams results into ``results.jsonl`` and
 tells the parent which task it starts and finishes. If the worker dies hard (segfault, CUDA illegal
 address, ``os._exit``), everything it wrote is already on disk; the parent records an ``error`` for
-the task in flight and continues with the rest in a fresh worker. With ``--jobs N``, N such workers run
-side by side on shards of whole compile families, each streaming to its own ``results.wK.jsonl``, which
-is folded into ``results.jsonl`` when the shards end.
+the task in flight and continues with the rest in a fresh worker. Workers take one task at a time from
+a ``TaskQueue`` that keeps each on one compile family. With ``--jobs N``, N such workers share the queue,
+each streaming to its own ``results.wK.jsonl``, folded into ``results.jsonl`` when they end.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from dataclasses import asdict
 from pathlib import Path
 
@@ -187,50 +187,77 @@ def _stop_workers() -> None:
         _LIVE_WORKERS.discard(proc)
 
 
-def _run_in_workers(tasks, results_path, opts, on_done, max_restarts=50, env=None):
-    """Feed tasks to a worker; on a hard crash, record it and continue in a fresh worker."""
-    remaining = list(tasks)
+class TaskQueue:
+    """The run's tasks, handed to workers one at a time (thread-safe).
+
+    A worker gets the next task of the compile family it last ran while that family has tasks left (its
+    kernels are built and autotuned in that process); otherwise it starts the family that the fewest
+    workers are on, most tasks left first. So each family is compiled by as few processes as possible,
+    and the work balances itself however long each family takes — no family is stuck behind a slow one.
+    """
+
+    def __init__(self, tasks: list) -> None:
+        self._lock = threading.Lock()
+        self._left: dict[tuple, deque] = {}
+        for task in tasks:
+            self._left.setdefault(compile_family(*task[1]), deque()).append(task)
+        self._active: Counter = Counter()
+
+    def take(self, previous: tuple | None = None):
+        """The next task for a worker whose last task was of family ``previous``; None when none is left."""
+        with self._lock:
+            if previous is not None:
+                self._active[previous] -= 1
+            if previous is not None and self._left.get(previous):
+                family = previous
+            else:
+                open_families = [f for f, q in self._left.items() if q]
+                if not open_families:
+                    return None
+                family = min(open_families, key=lambda f: (self._active[f], -len(self._left[f])))
+            self._active[family] += 1
+            return self._left[family].popleft()
+
+
+def _run_in_workers(queue: TaskQueue, results_path, opts, on_done, max_restarts=50, env=None):
+    """Run tasks from ``queue`` in a worker process, one in flight at a time, until the queue is empty;
+    on a hard crash, record it and continue in a fresh worker."""
     restarts = 0
-    while remaining:
+    family = None
+    task = queue.take()
+    while task is not None:
         proc = subprocess.Popen(
             [sys.executable, "-m", "deltacheck.harness.worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, env=env,
         )
         _LIVE_WORKERS.add(proc)
-        lines = [json.dumps({"results": str(results_path), "opts": asdict(opts)})]
-        lines += [json.dumps({"i": i, "case": case.id, "backend": spec}) for i, (case, spec) in remaining]
-        # A thread feeds stdin while this one reads stdout: writing everything first deadlocks once both
-        # pipe buffers fill (thousands of tasks).
-        feeder = threading.Thread(target=_feed, args=(proc.stdin, lines), daemon=True)
-        feeder.start()
-        in_flight = None
-        finished = set()
+        in_flight = task
+        _send(proc, json.dumps({"results": str(results_path), "opts": asdict(opts)}), in_flight)
         for line in proc.stdout:
             word, _, rest = line.strip().partition(" ")
-            if word == "START":
-                in_flight = int(rest)
-            elif word == "DONE":
-                idx, _, summary = rest.partition(" ")
-                finished.add(int(idx))
-                in_flight = None
-                on_done(int(idx), json.loads(summary))
+            if word != "DONE":
+                continue
+            idx, _, summary = rest.partition(" ")
+            on_done(int(idx), json.loads(summary))
+            family = compile_family(*in_flight[1])
+            in_flight = queue.take(family)
+            _send(proc, None, in_flight)  # the next task, or end of input: the worker exits
         proc.stdout.close()
         code = proc.wait()
         _LIVE_WORKERS.discard(proc)
-        feeder.join(timeout=10)
-        remaining = [t for t in remaining if t[0] not in finished]
-        if not remaining:
-            break
+        try:
+            proc.stdin.close()  # already closed after the last task; open when the worker died
+        except OSError:
+            pass  # a broken pipe's unflushed bytes: the worker is gone
+        if in_flight is None:
+            return
         if _STOPPING.is_set():
             return  # the run is being stopped and ended this worker: not a crash, nothing to record
         if code in (-signal.SIGTERM, -signal.SIGINT):
             # A timeout or Ctrl-C reaches the whole process group: the run is being interrupted, and the
             # task in flight did not crash. Recording it as a kernel crash would be a false finding.
             raise Terminated(f"a worker was stopped ({_describe_exit(code)}): the run was interrupted")
-        if in_flight is None:  # died between tasks: blame the next one it would have started
-            in_flight = remaining[0][0]
-        crashed = next(t for t in remaining if t[0] == in_flight)
-        case, spec = crashed[1]
+        i, (case, spec) = in_flight
         reason = f"worker process died ({_describe_exit(code)}) while running this case; the run continued in a fresh worker"
         # What the worker judged before dying is on disk; the checks it never reached become errors.
         judged = [Result(**{k: v for k, v in rec.items() if k != "kind"}) for _, rec, _ in read_records(results_path)
@@ -243,20 +270,26 @@ def _run_in_workers(tasks, results_path, opts, on_done, max_restarts=50, env=Non
         with ResultStream(results_path) as stream:
             for r in lost:
                 stream.write(r)
-        on_done(in_flight, {**_task_summary(judged + lost), "crashed": reason})
-        remaining = [t for t in remaining if t[0] != in_flight]
+        on_done(i, {**_task_summary(judged + lost), "crashed": reason})
         restarts += 1
         if restarts > max_restarts:
             raise RuntimeError(f"worker crashed {restarts} times; giving up (see {results_path})")
+        task = queue.take(compile_family(case, spec))
 
 
-def _feed(stdin, lines: list[str]) -> None:
+def _send(proc, config: str | None, task) -> None:
+    """Write the config line (first time) and one task, or close stdin when there is no task left."""
     try:
-        for line in lines:
-            stdin.write(line + "\n")
-        stdin.close()
+        if config is not None:
+            proc.stdin.write(config + "\n")
+        if task is None:
+            proc.stdin.close()
+        else:
+            i, (case, spec) = task
+            proc.stdin.write(json.dumps({"i": i, "case": case.id, "backend": spec}) + "\n")
+            proc.stdin.flush()
     except (BrokenPipeError, OSError, ValueError):
-        pass  # the worker died; the reader side records the crash and restarts
+        pass  # the worker died; reading its stdout to the end finds that out and records the crash
 
 
 def _describe_exit(code: int) -> str:
@@ -270,36 +303,16 @@ def _describe_exit(code: int) -> str:
 
 def compile_family(case: Case, spec: str) -> tuple:
     """Tasks that share a kernel specialization: same backend, op, dtype and head dims. JIT backends
-    (Triton, cuDNN's runtime compile) build and autotune a kernel once per family, so a shard that owns
-    whole families compiles each once."""
+    (Triton, cuDNN's runtime compile) build and autotune a kernel per family and process, so keeping a
+    worker on one family saves compiles."""
     return (spec, case.op, case.io_dtype, case.K, case.V)
 
 
-def shard_tasks(tasks: list, jobs: int) -> list[list]:
-    """Split ``[(i, (case, spec)), ...]`` into at most ``jobs`` shards of whole compile families.
-
-    Each backend's families are spread over the shards on their own (largest first, each to the shard
-    holding the fewest of that backend's tasks), so one backend's expensive compiles are not all packed
-    into the same few shards while others get only another backend's quick declines. Each shard keeps
-    the run's order."""
-    families: dict[tuple, list] = defaultdict(list)
-    for task in tasks:
-        families[compile_family(*task[1])].append(task)
-    n = max(1, min(jobs, len(families)))
-    shards: list[list] = [[] for _ in range(n)]
-    per_backend: dict[str, list[int]] = defaultdict(lambda: [0] * n)
-    for family, members in sorted(families.items(), key=lambda kv: len(kv[1]), reverse=True):
-        load = per_backend[family[0]]
-        k = min(range(n), key=lambda j: (load[j], len(shards[j])))
-        shards[k].extend(members)
-        load[k] += len(members)
-    return [sorted(shard, key=lambda t: t[0]) for shard in shards if shard]
-
-
-def _run_sharded(tasks, run_dir: Path, opts, on_done, jobs: int) -> None:
-    """``jobs`` workers side by side, each on its own shard and results file; the files are folded into
-    results.jsonl when the shards end — also when one of them raised or the run was interrupted."""
-    shards = shard_tasks(tasks, jobs)
+def _run_parallel(tasks, run_dir: Path, opts, on_done, jobs: int) -> None:
+    """``jobs`` workers side by side on one shared ``TaskQueue``, each with its own results file; the
+    files are folded into results.jsonl when the workers end — also when one raised or the run was
+    interrupted. With several GPUs visible, worker k is pinned to GPU k mod count."""
+    queue = TaskQueue(tasks)
     gpus = gate.visible_gpus() if opts.device.startswith("cuda") else []
     lock = threading.Lock()
     errors: list[BaseException] = []
@@ -308,24 +321,24 @@ def _run_sharded(tasks, run_dir: Path, opts, on_done, jobs: int) -> None:
         with lock:
             on_done(i, summary)
 
-    def one(k: int, shard: list) -> None:
+    def one(k: int) -> None:
         env = dict(os.environ)
         if len(gpus) > 1:
             env["CUDA_VISIBLE_DEVICES"] = gpus[k % len(gpus)]
         try:
-            _run_in_workers(shard, run_dir / f"results.w{k}.jsonl", opts, locked_on_done, env=env)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller after every shard ends
+            _run_in_workers(queue, run_dir / f"results.w{k}.jsonl", opts, locked_on_done, env=env)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller after every worker ends
             errors.append(exc)
 
-    threads = [threading.Thread(target=one, args=(k, shard), daemon=True) for k, shard in enumerate(shards)]
+    threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in range(min(jobs, len(tasks)))]
     try:
         for t in threads:
             t.start()
         for t in threads:
             t.join()
     finally:
-        _stop_workers()  # on an interrupt; a no-op when every shard ended
-        for t in threads:  # let each shard thread see its worker gone before its file is folded
+        _stop_workers()  # on an interrupt; a no-op when every worker ended
+        for t in threads:  # let each thread see its worker gone before its file is folded
             t.join(timeout=10)
         fold_parts(run_dir / "results.jsonl", sorted(run_dir.glob("results.w*.jsonl")))
     if errors:
@@ -339,7 +352,7 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
             in_process: bool = False, argv: list[str] | None = None, environ=os.environ,
             stream=sys.stdout, jobs: int = 1) -> tuple[int, Path]:
     """Run ``cases`` x ``backend_specs``; returns (exit status, run directory).
-    ``jobs`` > 1 runs that many worker processes side by side (see ``shard_tasks``)."""
+    ``jobs`` > 1 runs that many worker processes side by side on one ``TaskQueue``."""
     env = gate.probe_env()
     required = gate.required_pairs(environ)
     run_dir = new_run_dir(out_root)
@@ -382,9 +395,9 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
                 for i, (case, spec) in tasks:
                     on_done(i, _task_summary(run_task(runner, case, spec, env, sink=out.write)))
         elif jobs > 1:
-            _run_sharded(tasks, run_dir, opts, on_done, jobs)
+            _run_parallel(tasks, run_dir, opts, on_done, jobs)
         else:
-            _run_in_workers(tasks, results_path, opts, on_done)
+            _run_in_workers(TaskQueue(tasks), results_path, opts, on_done)
     except KeyboardInterrupt as exc:
         progress.close()
         print(f"\ndeltacheck run: {exc or 'interrupted'}; every check judged so far is in {results_path} "
@@ -507,9 +520,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="skip the same-precision baseline (limits fall back to the absolute thresholds)")
     p.add_argument("--in-process", action="store_true", help="no worker process (faster start; a hard crash ends the run)")
     p.add_argument("-j", "--jobs", type=_positive_int, default=1, metavar="N",
-                   help="N worker processes side by side (default 1), each owning whole compile families "
-                        "(backend, op, dtype, head dims) so a JIT kernel is built once; with several GPUs "
-                        "visible, worker k uses GPU k mod count. Speeds up first-compile-bound fused runs")
+                   help="N worker processes side by side (default 1) taking tasks from one queue; each stays on "
+                        "one compile family (backend, op, dtype, head dims) while it has tasks, so a JIT kernel "
+                        "is built in few processes; with several GPUs visible, worker k uses GPU k mod count. "
+                        "Speeds up first-compile-bound fused runs")
 
 
 def _options(args) -> RunOptions:

@@ -204,7 +204,7 @@ def test_a_crash_in_the_backward_keeps_the_forward_results_already_judged(tmp_pa
     assert all(r["status"] == "pass" for r in records(run_dir) if r.get("kind") == "result" and r["op"] != "gdn")
 
 
-# --- --jobs: shards of whole compile families in parallel workers ----------------------------------
+# --- --jobs: parallel workers on one queue that keeps each on a compile family ----------------------------------
 
 
 def _comparable(run_dir: Path) -> list[dict]:
@@ -222,10 +222,10 @@ def test_jobs_give_the_results_one_worker_gives(tmp_path, monkeypatch):
     assert _comparable(three) == _comparable(one) and len(_comparable(one)) > 20
     recs = records(three)
     assert recs[0]["kind"] == "run" and recs[-1]["kind"] == "end"
-    assert not list(three.glob("results.w*.jsonl")), "shard files must be folded into results.jsonl"
+    assert not list(three.glob("results.w*.jsonl")), "worker files must be folded into results.jsonl"
 
 
-def test_a_hard_crash_in_one_shard_is_recorded_and_the_others_finish(tmp_path, monkeypatch):
+def test_a_hard_crash_in_one_worker_is_recorded_and_the_others_finish(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
     status, run_dir = run(["fake_backends:Crashing"], tmp_path, in_process=False, jobs=3)
     results = [r for r in records(run_dir) if r["kind"] == "result"]
@@ -236,39 +236,58 @@ def test_a_hard_crash_in_one_shard_is_recorded_and_the_others_finish(tmp_path, m
     assert records(run_dir)[-1]["kind"] == "end"
 
 
-def test_shards_keep_compile_families_whole_balanced_and_in_order():
-    from deltacheck.harness.orchestrate import compile_family, shard_tasks
+def test_the_queue_keeps_workers_on_their_family_spreads_new_ones_and_hands_out_every_task_once():
+    from deltacheck.harness.orchestrate import TaskQueue, compile_family
 
     cases = select(tier="L0")
     tasks = list(enumerate((c, s) for c in cases for s in ("fla", "cudnn")))
-    shards = shard_tasks(tasks, 6)
-    assert len(shards) == 6
-    assert sorted(i for shard in shards for i, _ in shard) == list(range(len(tasks)))  # each task once
-    owner = {}
-    for k, shard in enumerate(shards):
-        assert [i for i, _ in shard] == sorted(i for i, _ in shard)
-        for _, (case, spec) in shard:
-            assert owner.setdefault(compile_family(case, spec), k) == k, "a family was split across shards"
-    family_sizes = {}
-    for _, (case, spec) in tasks:
-        family_sizes[compile_family(case, spec)] = family_sizes.get(compile_family(case, spec), 0) + 1
-    for backend in ("fla", "cudnn"):  # each backend's work is spread over every shard, not packed into a few
-        largest = max(n for family, n in family_sizes.items() if family[0] == backend)
-        counts = [sum(1 for _, (_, spec) in shard if spec == backend) for shard in shards]
-        assert min(counts) > 0 and max(counts) - min(counts) <= largest, (backend, counts)
-    assert len(shard_tasks(tasks[:3], 8)) <= 3  # never more shards than families
-    assert shard_tasks([], 4) == []
+    queue = TaskQueue(tasks)
+    family = lambda task: compile_family(*task[1])  # noqa: E731
+    sizes = {}
+    for t in tasks:
+        sizes[family(t)] = sizes.get(family(t), 0) + 1
+    first = queue.take()
+    assert sizes[family(first)] == max(sizes.values())  # the biggest family starts first
+    second = queue.take()
+    assert family(second) != family(first)  # a new worker starts a family nobody is on
+    again = queue.take(family(first))
+    assert family(again) == family(first)  # a worker stays on its family while it has tasks
+    handed = [first, second, again]
+    workers = [family(second), family(again)]
+    k = 0
+    while True:  # two workers drain the rest, alternating
+        task = queue.take(workers[k % 2])
+        if task is None:
+            break
+        workers[k % 2] = family(task)
+        handed.append(task)
+        k += 1
+    assert sorted(i for i, _ in handed) == list(range(len(tasks)))  # every task exactly once
+    assert TaskQueue([]).take() is None
 
 
-def test_with_several_gpus_each_shard_is_pinned_to_one(tmp_path, monkeypatch):
+def test_a_slow_family_does_not_hold_back_the_others(tmp_path, monkeypatch):
+    """Work balances itself: with two workers, one stuck on a long task, the other does everything else."""
+    from deltacheck.harness.orchestrate import TaskQueue
+
+    cases = [__import__("deltacheck.cases", fromlist=["Case"]).Case.from_id(c) for c in CASE_IDS]
+    queue = TaskQueue(list(enumerate((c, "b") for c in cases)))
+    slow = queue.take()  # worker 1 takes one task and never comes back
+    rest = []
+    previous = None
+    while (task := queue.take(previous)) is not None:
+        rest.append(task)
+        previous = (task[1][1], task[1][0].op, task[1][0].io_dtype, task[1][0].K, task[1][0].V)
+    assert len(rest) == len(CASE_IDS) - 1 and slow not in rest
+
+
+def test_with_several_gpus_each_worker_is_pinned_to_one(tmp_path, monkeypatch):
     from deltacheck.harness import gate, orchestrate
 
     seen = {}
 
-    def fake_workers(tasks, results_path, opts, on_done, env=None):
+    def fake_workers(queue, results_path, opts, on_done, env=None):
         seen[results_path.name] = env["CUDA_VISIBLE_DEVICES"]
-        for i, _ in tasks:
-            on_done(i, {"statuses": {}, "executed": False, "declined": False})
 
     monkeypatch.setattr(gate, "visible_gpus", lambda: ["4", "6"])
     monkeypatch.setattr(orchestrate, "_run_in_workers", fake_workers)
@@ -325,7 +344,7 @@ def _children(pid: int) -> list[int]:
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads worker pids from /proc (Linux)")
 @pytest.mark.parametrize("target", ["controller", "process group"])  # `kill PID` / `timeout` and Ctrl-C
-def test_sigterm_ends_a_sharded_run_keeping_every_judged_check_and_no_worker(tmp_path, target):
+def test_sigterm_ends_a_parallel_run_keeping_every_judged_check_and_no_worker(tmp_path, target):
     import signal
     import time
 
@@ -337,13 +356,13 @@ def test_sigterm_ends_a_sharded_run_keeping_every_judged_check_and_no_worker(tmp
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # until the two shards that do not hang have finished
+        while time.monotonic() < deadline:  # until the two tasks that do not hang have finished
             parts = "".join(p.read_text() for p in tmp_path.glob("*/results.w*.jsonl"))
             if parts.count('"check": "determinism"') >= 2:
                 break
             time.sleep(0.2)
         else:
-            pytest.fail("the non-hanging shards did not finish within 120 s")
+            pytest.fail("the non-hanging tasks did not finish within 120 s")
         workers = _children(proc.pid)
         if target == "controller":
             proc.send_signal(signal.SIGTERM)
@@ -355,7 +374,7 @@ def test_sigterm_ends_a_sharded_run_keeping_every_judged_check_and_no_worker(tmp
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "SIGTERM" in err and "results.jsonl" in err
     (run_dir,) = tmp_path.iterdir()
-    assert not list(run_dir.glob("results.w*.jsonl")), "shard files must be folded on SIGTERM"
+    assert not list(run_dir.glob("results.w*.jsonl")), "worker files must be folded on SIGTERM"
     recs = records(run_dir)
     assert recs[-1]["kind"] != "end"  # an interrupted run says it did not finish
     judged = {(r["op"], r["check"]) for r in recs if r["kind"] == "result" and r["status"] == "pass"}
@@ -373,7 +392,7 @@ def test_a_report_reads_worker_files_a_killed_run_never_folded(tmp_path, monkeyp
     lines = (run_dir / "results.jsonl").read_text().splitlines()
     head = [ln for ln in lines if json.loads(ln)["kind"] in ("run", "gate")]
     body = [ln for ln in lines if json.loads(ln)["kind"] == "result"]
-    # as SIGKILL leaves it: header and gates in results.jsonl, the results still in two shard files
+    # as SIGKILL leaves it: header and gates in results.jsonl, the results still in two worker files
     (run_dir / "results.jsonl").write_text("\n".join(head) + "\n")
     (run_dir / "results.w0.jsonl").write_text("\n".join(body[:5]) + "\n")
     (run_dir / "results.w1.jsonl").write_text("\n".join(body[5:]) + "\n")
