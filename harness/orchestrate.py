@@ -28,7 +28,7 @@ from deltacheck.cases.support import OPS
 
 from . import gate
 from .backends.base import BackendLoadError, Verdict, get_backend
-from .results import SCHEMA, Result, ResultStream, fold_parts, read_records
+from .results import SCHEMA, Result, ResultStream, fingerprint, fold_parts, read_records
 from .rundir import new_run_dir, provenance
 from .runner import CaseRunner, RunOptions, checks_for, repro_command
 
@@ -350,15 +350,22 @@ def _run_parallel(tasks, run_dir: Path, opts, on_done, jobs: int) -> None:
 
 def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, opts: RunOptions, *,
             in_process: bool = False, argv: list[str] | None = None, environ=os.environ,
-            stream=sys.stdout, jobs: int = 1) -> tuple[int, Path]:
+            stream=sys.stdout, jobs: int = 1, resume: str | Path | None = None) -> tuple[int, Path]:
     """Run ``cases`` x ``backend_specs``; returns (exit status, run directory).
-    ``jobs`` > 1 runs that many worker processes side by side on one ``TaskQueue``."""
+    ``jobs`` > 1 runs that many worker processes side by side on one ``TaskQueue``. ``resume``: an
+    interrupted run's directory to continue — tasks whose every check it holds are not run again, the
+    rest run and append to it (raises ``ResumeError`` when it cannot be continued here)."""
     env = gate.probe_env()
     required = gate.required_pairs(environ)
-    run_dir = new_run_dir(out_root)
+    extra = {"options": asdict(opts), "cases": len(cases)}
+    already: dict[tuple[str, str], list[Result]] = {}
+    if resume is not None:
+        run_dir = Path(resume)
+        gate_verdicts, already = resume_run(run_dir, backend_specs, env, required, argv or [], extra)
+    else:
+        run_dir = new_run_dir(out_root)
+        gate_verdicts = open_run(run_dir / "results.jsonl", backend_specs, env, required, argv or [], extra)
     results_path = run_dir / "results.jsonl"
-    gate_verdicts = open_run(results_path, backend_specs, env, required, argv or [],
-                             {"options": asdict(opts), "cases": len(cases)})
 
     tasks = [(i, (case, spec)) for i, (case, spec) in enumerate((c, s) for c in cases for s in backend_specs)]
     executed: Counter = Counter()
@@ -385,6 +392,18 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
             decline_reasons.setdefault((spec, case.op), summary["decline_reason"])
         progress.update(f"{spec} {case.id}")
 
+    finished_before = []
+    for i, (case, spec) in tasks:
+        held = already.get((case.id, spec), [])
+        if held and set(checks_for(case)) <= {r.check for r in held}:
+            finished_before.append(i)
+            on_done(i, _task_summary(held))
+    if finished_before:
+        print(f"resuming {run_dir}: {len(finished_before)} of {len(tasks)} tasks were judged before; "
+              f"running the other {len(tasks) - len(finished_before)}", file=sys.stderr)
+        skip = set(finished_before)
+        tasks = [t for t in tasks if t[0] not in skip]
+
     _STOPPING.clear()
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous_handler = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
@@ -401,7 +420,8 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
     except KeyboardInterrupt as exc:
         progress.close()
         print(f"\ndeltacheck run: {exc or 'interrupted'}; every check judged so far is in {results_path} "
-              "(no end record: reports will say the run did not finish)", file=sys.stderr)
+              "(no end record: reports will say the run did not finish). Continue it with the same selection "
+              f"and `--resume {run_dir}`", file=sys.stderr)
         raise
     finally:
         _stop_workers()
@@ -424,32 +444,90 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
     return status, run_dir
 
 
+def gate_records(backend_specs: list[str], env, required) -> dict[tuple[str, str], tuple[Verdict, dict]]:
+    """Each backend x op pair's gate verdict and the record that reports it."""
+    gates: dict[tuple[str, str], tuple[Verdict, dict]] = {}
+    for spec in backend_specs:
+        try:
+            backend, load_error = get_backend(spec), None
+        except BackendLoadError as exc:
+            backend, load_error = None, str(exc)
+        for op in OPS:
+            if backend is None:
+                v = Verdict.no(load_error)
+            elif op not in backend.ops and (spec, op) not in required:
+                continue
+            else:
+                v = pair_availability(backend, spec, op, env)
+            gates[(spec, op)] = v, {"kind": "gate", "backend": spec, "op": op, "runnable": v.runnable,
+                                    "reason": v.reason, "backward": v.backward, "backward_reason": v.backward_reason,
+                                    "notes": list(v.notes), "required": (spec, op) in required}
+    return gates
+
+
 def open_run(results_path: Path, backend_specs: list[str], env, required, argv: list[str],
              extra: dict | None = None) -> dict[tuple[str, str], Verdict]:
     """Write a run's header and one gate record per backend x op; return the gate verdicts.
     Shared by `deltacheck run` and the pytest plugin's ``--dc-out``, so both runs read the same."""
-    gate_verdicts: dict[tuple[str, str], Verdict] = {}
+    gates = gate_records(backend_specs, env, required)
     with ResultStream(results_path) as out:
         out.write({"kind": "run", "schema": SCHEMA, "deltacheck": __version__, "started": _now(), "argv": argv,
                    "env": env.to_dict(), "run_id": results_path.parent.name, "backends": backend_specs,
                    "required": sorted(":".join(p) for p in required), **(extra or {}), **provenance()})
-        for spec in backend_specs:
-            try:
-                backend, load_error = get_backend(spec), None
-            except BackendLoadError as exc:
-                backend, load_error = None, str(exc)
-            for op in OPS:
-                if backend is None:
-                    v = Verdict.no(load_error)
-                elif op not in backend.ops and (spec, op) not in required:
-                    continue
-                else:
-                    v = pair_availability(backend, spec, op, env)
-                gate_verdicts[(spec, op)] = v
-                out.write({"kind": "gate", "backend": spec, "op": op, "runnable": v.runnable, "reason": v.reason,
-                           "backward": v.backward, "backward_reason": v.backward_reason, "notes": list(v.notes),
-                           "required": (spec, op) in required})
-    return gate_verdicts
+        for _, record in gates.values():
+            out.write(record)
+    return {pair: verdict for pair, (verdict, _) in gates.items()}
+
+
+class ResumeError(ValueError):
+    """A run directory that ``--resume`` cannot continue; the message says why and what to do."""
+
+
+# Written by deltacheck before an interrupted run stopped being mistaken for a crash: not a judgement.
+_LEGACY_INTERRUPT = ("worker process died (killed by SIGTERM)", "worker process died (killed by SIGINT)")
+
+
+def resume_run(run_dir: Path, backend_specs: list[str], env, required, argv: list[str],
+               extra: dict) -> tuple[dict[tuple[str, str], Verdict], dict[tuple[str, str], list[Result]]]:
+    """Reopen an interrupted run: fold worker files it left, check that this is its environment, append a
+    ``resume`` record (and gate records for backends it did not have); return the gate verdicts and the
+    results it already holds, by (case id, backend)."""
+    results_path = run_dir / "results.jsonl"
+    if not results_path.is_file():
+        raise ResumeError(f"--resume {run_dir}: not a run directory (no results.jsonl)")
+    fold_parts(results_path, sorted(run_dir.glob("results.*w*.jsonl")))
+    header, gated, judged = None, set(), defaultdict(dict)
+    for _, rec, _ in read_records(results_path):
+        if rec is None:
+            continue
+        if rec["kind"] == "run" and header is None:
+            header = rec
+        elif rec["kind"] == "gate":
+            gated.add((rec.get("backend"), rec.get("op")))
+        elif rec["kind"] == "result" and not str(rec.get("reason", "")).startswith(_LEGACY_INTERRUPT):
+            result = Result(**{k: v for k, v in rec.items() if k != "kind"})
+            judged[(result.case, result.backend)][result.check] = result  # a later record wins
+    if header is None:
+        raise ResumeError(f"--resume {run_dir}: results.jsonl has no run header")
+    if header.get("schema") != SCHEMA:
+        raise ResumeError(f"--resume {run_dir}: written with results schema {header.get('schema')!r}, "
+                          f"this deltacheck writes {SCHEMA}; start a new run")
+    theirs, ours = header.get("env") or {}, env.to_dict()
+    if fingerprint(theirs) != fingerprint(ours):
+        def describe(e):
+            return f"{e.get('device_name') or 'no GPU'}, " + ", ".join(
+                f"{k} {v}" for k, v in sorted((e.get("versions") or {}).items()) if v)
+        raise ResumeError(f"--resume {run_dir}: it ran in another environment ({describe(theirs)}) than this one "
+                          f"({describe(ours)}); resume it there, or start a new run and `deltacheck compare` the two")
+    gates = gate_records(backend_specs, env, required)
+    with ResultStream(results_path) as out:
+        out.write({"kind": "resume", "started": _now(), "argv": argv, "env": ours, "backends": backend_specs,
+                   **extra, **provenance()})
+        for pair, (_, record) in gates.items():
+            if pair not in gated:
+                out.write(record)
+    return ({pair: verdict for pair, (verdict, _) in gates.items()},
+            {key: list(checks.values()) for key, checks in judged.items()})
 
 
 def _now() -> str:
@@ -519,6 +597,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the same-precision baseline (limits fall back to the absolute thresholds)")
     p.add_argument("--in-process", action="store_true", help="no worker process (faster start; a hard crash ends the run)")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue an interrupted run in its directory (--out is then unused): tasks of this "
+                        "selection whose every check it holds are not run again; a task left half-judged runs "
+                        "again and its new results replace the old. Refused if this is another environment")
     p.add_argument("-j", "--jobs", type=_positive_int, default=1, metavar="N",
                    help="N worker processes side by side (default 1) taking tasks from one queue; each stays on "
                         "one compile family (backend, op, dtype, head dims) while it has tasks, so a JIT kernel "
@@ -551,7 +633,10 @@ def cmd_run(args) -> int:
         return 2
     try:
         status, run_dir = execute(cases, specs, args.out, _options(args), in_process=args.in_process,
-                                  argv=sys.argv[1:], jobs=args.jobs)
+                                  argv=sys.argv[1:], jobs=args.jobs, resume=args.resume)
+    except ResumeError as exc:
+        print(f"deltacheck run: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as exc:
         return 128 + (signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
     if args.report:

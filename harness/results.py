@@ -8,6 +8,7 @@ A crash loses nothing already written: each record is flushed and fsync'd.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -16,6 +17,15 @@ from typing import Any
 
 SCHEMA = 1
 STATUSES = ("pass", "fail", "skip", "error")
+# What makes two environments numerically comparable (the host name is left out).
+FINGERPRINT_FIELDS = ("cuda", "device_name", "capability", "python", "versions")
+
+
+def fingerprint(env: dict[str, Any]) -> str:
+    """A short hash of an environment record's ``FINGERPRINT_FIELDS``: equal for runs whose results may be
+    combined (``deltacheck merge``, ``run --resume``) and compared check by check."""
+    picked = {k: env.get(k) for k in FINGERPRINT_FIELDS}
+    return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 @dataclass

@@ -46,6 +46,7 @@ class Run:
     gates: list[dict[str, Any]] = field(default_factory=list)
     results: list[dict[str, Any]] = field(default_factory=list)
     end: dict[str, Any] | None = None
+    resumes: list[dict[str, Any]] = field(default_factory=list)  # one per `deltacheck run --resume`
     problems: list[InputProblem] = field(default_factory=list)
 
     @property
@@ -176,7 +177,9 @@ def _read_into(run: Run, results_file: Path, problem) -> bool:
             result["line"] = lineno
             run.results.append(result)
         elif kind == "end":
-            run.end = rec
+            run.end = rec  # a resumed run appends its own; the last one describes the whole run
+        elif kind == "resume":
+            run.resumes.append(rec)
         else:
             problem(lineno, f"unknown record kind {kind!r}")
     return seen_any
@@ -220,6 +223,13 @@ def load_run(path: str | Path, *, warn: bool = True) -> Run:
         except OSError as exc:
             raise RunInputError(f"cannot read {source}: {exc.strerror or exc}") from None
     source = results_file
+    # `run --resume` re-runs tasks an interruption left half-judged: for a (case, backend, check) judged
+    # twice, the later record replaces the earlier one (in its place).
+    latest: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in run.results:
+        latest[(r["case"], r["backend"], r["check"])] = r
+    if len(latest) < len(run.results):
+        run.results = list(latest.values())
     if parts:
         problem(None, f"{len(parts)} worker file(s) were never folded into {RESULTS_FILE} (the run was "
                       f"killed before it ended); their records are included: {', '.join(p.name for p in parts)}")

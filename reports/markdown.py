@@ -66,6 +66,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
         facts.append(f"started {run['started']}")
     if run.get("finished"):
         facts.append(f"finished {run['finished']}")
+    if run.get("resumed"):
+        facts.append(f"resumed {len(run['resumed'])}× (last {run['resumed'][-1].get('started')})")
     if run.get("commit"):
         facts.append(f"commit {str(run['commit'])[:12]}{' (dirty)' if run.get('dirty') else ''}")
     if isinstance(run.get("argv"), list) and run["argv"]:

@@ -23,10 +23,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from deltacheck.harness.results import ResultStream
+from deltacheck.harness.results import ResultStream, fingerprint
 
 from .load import RunInputError, load_run
-from .summary import fingerprint, required_failures
+from .summary import required_failures
 
 RESULT_FIELDS_DROPPED = ("line",)  # added by the loader, not part of a record
 

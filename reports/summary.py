@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import shlex
 from collections import Counter
 from typing import Any
+
+from deltacheck.harness.results import fingerprint
 
 from .load import Run, finite, number
 
@@ -15,7 +16,6 @@ SUMMARY_SCHEMA = "deltacheck-summary/1"
 STATUS_ORDER = ("pass", "fail", "skip", "error")
 CHECK_ORDER = ("forward", "state", "continuation_ref", "continuation_self", "grad_", "determinism",
                "batch_invariance", "unwritten_output", "input_bounds")
-FINGERPRINT_FIELDS = ("cuda", "device_name", "capability", "python", "versions")
 
 
 def check_sort_key(check: str) -> tuple[int, str]:
@@ -31,12 +31,6 @@ def badness(value: Any) -> float:
     if x is None:
         return -math.inf
     return math.inf if math.isnan(x) else x
-
-
-def fingerprint(env: dict[str, Any]) -> str:
-    """A short hash of what makes two environments numerically comparable (the host name is left out)."""
-    picked = {k: env.get(k) for k in FINGERPRINT_FIELDS}
-    return hashlib.sha256(json.dumps(picked, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def repro_command(result: dict[str, Any]) -> str:
@@ -187,6 +181,8 @@ def summarize(run: Run) -> dict[str, Any]:
             "argv": run.header.get("argv"),
             "commit": run.header.get("commit"),
             "dirty": run.header.get("dirty"),
+            "resumed": [{"started": r.get("started"), "argv": r.get("argv"), "commit": r.get("commit")}
+                        for r in run.resumes],
         },
         "environment": {**env, "fingerprint": fingerprint(env) if env else None},
         "verdict": verdict,

@@ -34,13 +34,13 @@ def records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
 
 
-def run(specs, tmp_path, in_process=True, environ=None, cases=None, jobs=1):
+def run(specs, tmp_path, in_process=True, environ=None, cases=None, jobs=1, resume=None):
     cases = cases if cases is not None else [__import__("deltacheck.cases", fromlist=["Case"]).Case.from_id(c)
                                              for c in CASE_IDS]
     sys.path.insert(0, str(TESTS))
     try:
         return execute(cases, specs, tmp_path, RunOptions(reference="oracle"), in_process=in_process,
-                       environ=environ or {}, stream=io.StringIO(), jobs=jobs)
+                       environ=environ or {}, stream=io.StringIO(), jobs=jobs, resume=resume)
     finally:
         sys.path.remove(str(TESTS))
 
@@ -399,3 +399,74 @@ def test_a_report_reads_worker_files_a_killed_run_never_folded(tmp_path, monkeyp
     loaded = load_run(run_dir, warn=False)
     assert len(loaded.results) == len(body) and not loaded.finished
     assert any("never folded" in str(p) and "results.w1.jsonl" in str(p) for p in loaded.problems)
+
+
+# --- --resume: continue an interrupted run in its own directory --------------------------------------
+
+
+def _interrupt(run_dir: Path, drop) -> None:
+    """Rewrite results.jsonl as an interruption leaves it: no end record, and without the results ``drop``
+    selects."""
+    kept = [r for r in records(run_dir) if r["kind"] != "end" and not (r["kind"] == "result" and drop(r))]
+    (run_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+
+def _after_resume(run_dir: Path) -> list[dict]:
+    recs = records(run_dir)
+    start = max(i for i, r in enumerate(recs) if r["kind"] == "resume")
+    return recs[start + 1:]
+
+
+def test_resume_runs_only_what_the_interrupted_run_did_not_judge(tmp_path):
+    from deltacheck.reports.load import load_run
+
+    _, run_dir = run(["fake_backends:Working"], tmp_path)
+    before = {(r["case"], r["check"]) for r in records(run_dir) if r["kind"] == "result"}
+    kda, gdn2 = CASE_IDS[1], CASE_IDS[2]
+    # kda half-judged (its gradients lost), gdn2 never reached, gdn complete
+    _interrupt(run_dir, lambda r: (r["case"] == kda and r["check"].startswith("grad_")) or r["case"] == gdn2)
+    status, again = run(["fake_backends:Working"], tmp_path / "unused", resume=run_dir)
+    assert status == 0 and again == run_dir and not (tmp_path / "unused").exists()
+    rerun = {r["case"] for r in _after_resume(run_dir) if r["kind"] == "result"}
+    assert rerun == {kda, gdn2}, "only the half-judged and the unreached task run again"
+    loaded = load_run(run_dir, warn=False)
+    assert loaded.finished and len(loaded.resumes) == 1
+    assert {(r["case"], r["check"]) for r in loaded.results} == before  # each check once, none lost
+    assert len(loaded.results) == len(before)
+
+
+def test_resume_reruns_checks_an_old_build_marked_as_crashed_by_the_interruption(tmp_path):
+    _, run_dir = run(["fake_backends:Working"], tmp_path)
+    recs = records(run_dir)
+    for r in recs:
+        if r["kind"] == "result" and r["case"] == CASE_IDS[0] and r["check"] == "determinism":
+            r.update(status="error", reason="worker process died (killed by SIGTERM) while running this case; "
+                                            "the run continued in a fresh worker")
+    (run_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs if r["kind"] != "end"))
+    assert cli_main(["run", "--backend", "fake_backends:Working", "--reference", "oracle", "--in-process",
+                     *[a for c in CASE_IDS for a in ("--case", c)], "--resume", str(run_dir)]) == 0
+    assert {r["case"] for r in _after_resume(run_dir) if r["kind"] == "result"} == {CASE_IDS[0]}
+
+
+def test_resuming_a_finished_run_runs_nothing_and_keeps_required_pairs_satisfied(tmp_path, capsys):
+    _, run_dir = run(["fake_backends:Working"], tmp_path)
+    status, _ = run(["fake_backends:Working"], tmp_path, resume=run_dir,
+                    environ={"DELTACHECK_REQUIRE": "fake_backends:Working:kda"})
+    assert status == 0, "the required pair executed its cases before the resume; zero new ones is not a failure"
+    assert [r["kind"] for r in _after_resume(run_dir)] == ["end"]
+    assert f"{len(CASE_IDS)} of {len(CASE_IDS)} tasks were judged before" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("problem", ["no run directory", "another environment"])
+def test_resume_refuses_what_it_cannot_continue(tmp_path, capsys, problem):
+    target = tmp_path / "nowhere"
+    if problem == "another environment":
+        _, target = run(["fake_backends:Working"], tmp_path)
+        recs = records(target)
+        recs[0]["env"]["versions"]["torch"] = "1.0.0"
+        (target / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert cli_main(["run", "--backend", "oracle", "--limit", "1", "--in-process", "--resume", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("deltacheck run: --resume") and len(err.strip().splitlines()) == 1
+    if problem == "another environment":
+        assert "torch 1.0.0" in err and "deltacheck compare" in err
