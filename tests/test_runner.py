@@ -284,10 +284,11 @@ def test_a_slow_family_does_not_hold_back_the_others(tmp_path, monkeypatch):
 def test_with_several_gpus_each_worker_is_pinned_to_one(tmp_path, monkeypatch):
     from deltacheck.harness import gate, orchestrate
 
-    seen = {}
+    seen, threads = {}, {}
 
     def fake_workers(queue, results_path, opts, on_done, env=None):
         seen[results_path.name] = env["CUDA_VISIBLE_DEVICES"]
+        threads[results_path.name] = env["OMP_NUM_THREADS"]
 
     monkeypatch.setattr(gate, "visible_gpus", lambda: ["4", "6"])
     monkeypatch.setattr(orchestrate, "_run_in_workers", fake_workers)
@@ -295,6 +296,12 @@ def test_with_several_gpus_each_worker_is_pinned_to_one(tmp_path, monkeypatch):
     execute(cases, ["oracle"], tmp_path, RunOptions(device="cuda", reference="oracle"), jobs=3,
             environ={}, stream=io.StringIO())
     assert seen == {"results.w0.jsonl": "4", "results.w1.jsonl": "6", "results.w2.jsonl": "4"}
+    # each worker gets its share of the cores, not one thread per core (oversubscription ran 2-5x slower)
+    assert set(threads.values()) == {str(max(1, (os.cpu_count() or 1) // 3))}
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")  # a user's own setting is kept
+    execute(cases, ["oracle"], tmp_path, RunOptions(device="cuda", reference="oracle"), jobs=3,
+            environ={}, stream=io.StringIO())
+    assert set(threads.values()) == {"7"}
 
 
 @pytest.mark.parametrize("pinned, smi, expected", [
