@@ -219,9 +219,35 @@ class TaskQueue:
             return self._left[family].popleft()
 
 
-def _run_in_workers(queue: TaskQueue, results_path, opts, on_done, max_restarts=50, env=None):
+class _Watchdog:
+    """Kills a worker whose task runs longer than ``seconds`` (a hung kernel never returns and never
+    crashes); the crash path then records that task as timed out and the run goes on in a fresh worker."""
+
+    def __init__(self, proc: subprocess.Popen, seconds: float | None) -> None:
+        self.proc, self.seconds, self.fired = proc, seconds, False
+        self._timer: threading.Timer | None = None
+
+    def arm(self) -> None:
+        self.disarm()
+        if self.seconds:
+            self._timer = threading.Timer(self.seconds, self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _fire(self) -> None:
+        self.fired = True
+        self.proc.kill()
+
+
+def _run_in_workers(queue: TaskQueue, results_path, opts, on_done, max_restarts=50, env=None,
+                    task_timeout: float | None = None):
     """Run tasks from ``queue`` in a worker process, one in flight at a time, until the queue is empty;
-    on a hard crash, record it and continue in a fresh worker."""
+    on a hard crash (or a task over ``task_timeout`` seconds), record it and continue in a fresh worker."""
     restarts = 0
     family = None
     task = queue.take()
@@ -231,19 +257,25 @@ def _run_in_workers(queue: TaskQueue, results_path, opts, on_done, max_restarts=
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, env=env,
         )
         _LIVE_WORKERS.add(proc)
+        watchdog = _Watchdog(proc, task_timeout)
         in_flight = task
         _send(proc, json.dumps({"results": str(results_path), "opts": asdict(opts)}), in_flight)
+        watchdog.arm()
         for line in proc.stdout:
             word, _, rest = line.strip().partition(" ")
             if word != "DONE":
                 continue
+            watchdog.disarm()
             idx, _, summary = rest.partition(" ")
             on_done(int(idx), json.loads(summary))
             family = compile_family(*in_flight[1])
             in_flight = queue.take(family)
             _send(proc, None, in_flight)  # the next task, or end of input: the worker exits
+            if in_flight is not None:
+                watchdog.arm()
         proc.stdout.close()
         code = proc.wait()
+        watchdog.disarm()
         _LIVE_WORKERS.discard(proc)
         try:
             proc.stdin.close()  # already closed after the last task; open when the worker died
@@ -258,7 +290,13 @@ def _run_in_workers(queue: TaskQueue, results_path, opts, on_done, max_restarts=
             # task in flight did not crash. Recording it as a kernel crash would be a false finding.
             raise Terminated(f"a worker was stopped ({_describe_exit(code)}): the run was interrupted")
         i, (case, spec) = in_flight
-        reason = f"worker process died ({_describe_exit(code)}) while running this case; the run continued in a fresh worker"
+        if watchdog.fired:
+            reason = (f"timed out: no result within --task-timeout {task_timeout:g} s (a hung kernel, or a limit "
+                      "too short for this case's first compile); the worker was killed and the run continued "
+                      "in a fresh one")
+        else:
+            reason = (f"worker process died ({_describe_exit(code)}) while running this case; the run continued "
+                      "in a fresh worker")
         # What the worker judged before dying is on disk; the checks it never reached become errors.
         judged = [Result(**{k: v for k, v in rec.items() if k != "kind"}) for _, rec, _ in read_records(results_path)
                   if rec and rec.get("kind") == "result" and rec["case"] == case.id and rec["backend"] == spec]
@@ -308,7 +346,7 @@ def compile_family(case: Case, spec: str) -> tuple:
     return (spec, case.op, case.io_dtype, case.K, case.V)
 
 
-def _run_parallel(tasks, run_dir: Path, opts, on_done, jobs: int) -> None:
+def _run_parallel(tasks, run_dir: Path, opts, on_done, jobs: int, task_timeout: float | None = None) -> None:
     """``jobs`` workers side by side on one shared ``TaskQueue``, each with its own results file; the
     files are folded into results.jsonl when the workers end — also when one raised or the run was
     interrupted. With several GPUs visible, worker k is pinned to GPU k mod count."""
@@ -331,7 +369,8 @@ def _run_parallel(tasks, run_dir: Path, opts, on_done, jobs: int) -> None:
         if len(gpus) > 1:
             env["CUDA_VISIBLE_DEVICES"] = gpus[k % len(gpus)]
         try:
-            _run_in_workers(queue, run_dir / f"results.w{k}.jsonl", opts, locked_on_done, env=env)
+            _run_in_workers(queue, run_dir / f"results.w{k}.jsonl", opts, locked_on_done, env=env,
+                            task_timeout=task_timeout)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller after every worker ends
             errors.append(exc)
 
@@ -355,7 +394,8 @@ def _run_parallel(tasks, run_dir: Path, opts, on_done, jobs: int) -> None:
 
 def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, opts: RunOptions, *,
             in_process: bool = False, argv: list[str] | None = None, environ=os.environ,
-            stream=sys.stdout, jobs: int = 1, resume: str | Path | None = None) -> tuple[int, Path]:
+            stream=sys.stdout, jobs: int = 1, resume: str | Path | None = None,
+            task_timeout: float | None = None) -> tuple[int, Path]:
     """Run ``cases`` x ``backend_specs``; returns (exit status, run directory).
     ``jobs`` > 1 runs that many worker processes side by side on one ``TaskQueue``. ``resume``: an
     interrupted run's directory to continue — tasks whose every check it holds are not run again, the
@@ -419,9 +459,9 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
                 for i, (case, spec) in tasks:
                     on_done(i, _task_summary(run_task(runner, case, spec, env, sink=out.write)))
         elif jobs > 1:
-            _run_parallel(tasks, run_dir, opts, on_done, jobs)
+            _run_parallel(tasks, run_dir, opts, on_done, jobs, task_timeout)
         else:
-            _run_in_workers(TaskQueue(tasks), results_path, opts, on_done)
+            _run_in_workers(TaskQueue(tasks), results_path, opts, on_done, task_timeout=task_timeout)
     except KeyboardInterrupt as exc:
         progress.close()
         print(f"\ndeltacheck run: {exc or 'interrupted'}; every check judged so far is in {results_path} "
@@ -589,6 +629,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text}")
+    return value
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tier", default="L0", choices=["L0", "L1", "L2"], help="case tier (default L0)")
     p.add_argument("--op", action="append", choices=OPS, help="only this op (repeatable)")
@@ -606,6 +656,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="continue an interrupted run in its directory (--out is then unused): tasks of this "
                         "selection whose every check it holds are not run again; a task left half-judged runs "
                         "again and its new results replace the old. Refused if this is another environment")
+    p.add_argument("--task-timeout", type=_positive_seconds, default=None, metavar="SECONDS",
+                   help="kill a worker whose case x backend task gives no result within SECONDS (a hung kernel), "
+                        "record the task as an error and go on in a fresh worker; a first Triton compile can "
+                        "take minutes, so leave room for it (default: no limit)")
     p.add_argument("-j", "--jobs", type=_positive_int, default=1, metavar="N",
                    help="N worker processes side by side (default 1) taking tasks from one queue; each stays on "
                         "one compile family (backend, op, dtype, head dims) while it has tasks, so a JIT kernel "
@@ -632,13 +686,14 @@ def cmd_run(args) -> int:
     except ValueError as exc:  # gate.RequireSpecError: a malformed setting is a usage error
         print(f"deltacheck run: {exc}", file=sys.stderr)
         return 2
-    if args.in_process and args.jobs > 1:
-        print("deltacheck run: --in-process runs one task at a time in this process; drop it to use --jobs",
-              file=sys.stderr)
+    if args.in_process and (args.jobs > 1 or args.task_timeout):
+        print("deltacheck run: --in-process runs the tasks in this process, which cannot be killed and "
+              "replaced; drop it to use --jobs or --task-timeout", file=sys.stderr)
         return 2
     try:
         status, run_dir = execute(cases, specs, args.out, _options(args), in_process=args.in_process,
-                                  argv=sys.argv[1:], jobs=args.jobs, resume=args.resume)
+                                  argv=sys.argv[1:], jobs=args.jobs, resume=args.resume,
+                                  task_timeout=args.task_timeout)
     except ResumeError as exc:
         print(f"deltacheck run: {exc}", file=sys.stderr)
         return 2

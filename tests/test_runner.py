@@ -477,3 +477,30 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, capsys, problem):
     assert err.startswith("deltacheck run: --resume") and len(err.strip().splitlines()) == 1
     if problem == "another environment":
         assert "torch 1.0.0" in err and "deltacheck compare" in err
+
+
+def test_a_task_over_the_timeout_is_killed_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
+    sys.path.insert(0, str(TESTS))
+    t0 = time.monotonic()
+    try:
+        status, run_dir = execute([__import__("deltacheck.cases", fromlist=["Case"]).Case.from_id(c) for c in CASE_IDS],
+                                  ["fake_backends:Hanging"], tmp_path, RunOptions(reference="oracle"),
+                                  environ={}, stream=io.StringIO(), task_timeout=20)
+    finally:
+        sys.path.remove(str(TESTS))
+    assert time.monotonic() - t0 < 120, "the hung kda task (600 s sleep) must be cut at the timeout"
+    results = [r for r in records(run_dir) if r["kind"] == "result"]
+    assert status == 1
+    hung = [r for r in results if r["op"] == "kda"]
+    assert hung and all(r["status"] == "error" and "timed out" in r["reason"] for r in hung)
+    assert {r["op"] for r in results if r["status"] == "pass"} == {"gdn", "gdn2"}
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "soon"])
+def test_task_timeout_must_be_positive_seconds(value, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["run", "--backend", "oracle", "--limit", "1", "--out", str(tmp_path), "--task-timeout", value])
+    assert exc.value.code == 2 and "expected seconds > 0" in capsys.readouterr().err
