@@ -116,6 +116,19 @@ def render_html(run: Run, summary: dict[str, Any]) -> str:
     out.append("<h2>Plots</h2>")
     out.append(_plots_html(run))
 
+    if summary.get("pairs"):
+        out.append("<h2>By backend × op</h2>")
+        out.append(_table(
+            ["backend", "op", "cases", "ran", "passed", "failed", "errored", "declined",
+             "checks pass / fail / skip / error", "worst headroom", "worst case (check)", "worker s"],
+            [[p["backend"], p["op"], p["cases"], p["ran"], p["passed"], _count(p["failed"]), _count(p["errored"]),
+              p["declined"], " / ".join(str(p["checks"][k]) for k in ("pass", "fail", "skip", "error")),
+              fmt_headroom(p["worst_headroom"]),
+              Raw(f"{_code(p['worst_headroom_case']).html} ({escape(str(p['worst_headroom_check']))})")
+              if p["worst_headroom_case"] else "",
+              f"{p['seconds']:.0f}"] for p in summary["pairs"]],
+            numeric={2, 3, 4, 5, 6, 7, 9, 11}))
+
     out.append("<h2>Results by op × backend × dtype × check</h2>")
     if summary["groups"]:
         out.append(_table(

@@ -105,3 +105,6 @@ def test_the_backend_by_op_table_counts_cases_by_how_they_ended(tmp_path):
     assert pairs[("fla", "kda")]["passed"] == 1
     md = (tmp_path / "run" / "summary.md").read_text()
     assert "## By backend × op" in md and f"`{B}` (grad_q)" in md
+    html = (tmp_path / "run" / "report.html").read_text()
+    pair_table = html[html.index("<h2>By backend × op</h2>"):html.index("<h2>Results by")]
+    assert f"<code>{B}</code> (grad_q)" in pair_table and "object at 0x" not in pair_table
