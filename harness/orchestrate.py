@@ -148,7 +148,8 @@ def _task_summary(results: list[Result]) -> dict:
 
 
 def worker_main() -> int:
-    """Entry of ``python -m deltacheck.harness.worker``: config line, then one task per line on stdin."""
+    """Entry of ``python -m deltacheck.harness.worker``: a config line, then one task per line on stdin
+    (the parent sends the next after each ``DONE``); results stream to the file the config names."""
     config = json.loads(sys.stdin.readline())
     opts = RunOptions(**config["opts"])
     runner = CaseRunner(opts)
@@ -156,7 +157,6 @@ def worker_main() -> int:
     with ResultStream(config["results"]) as stream:
         for line in sys.stdin:
             task = json.loads(line)
-            print(f"START {task['i']}", flush=True)
             case = Case.from_id(task["case"])
             results = run_task(runner, case, task["backend"], env, sink=stream.write)
             print(f"DONE {task['i']} {json.dumps(_task_summary(results))}", flush=True)

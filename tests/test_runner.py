@@ -286,7 +286,7 @@ def test_with_several_gpus_each_worker_is_pinned_to_one(tmp_path, monkeypatch):
 
     seen, threads = {}, {}
 
-    def fake_workers(queue, results_path, opts, on_done, env=None):
+    def fake_workers(queue, results_path, opts, on_done, env=None, task_timeout=None):
         seen[results_path.name] = env["CUDA_VISIBLE_DEVICES"]
         threads[results_path.name] = env["OMP_NUM_THREADS"]
 
