@@ -652,6 +652,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the same-precision baseline (limits fall back to the absolute thresholds)")
     p.add_argument("--in-process", action="store_true", help="no worker process (faster start; a hard crash ends the run)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="run nothing: print, per backend x op, how many cases would run (and with a backward) and "
+                        "how many would be declined, by reason — to size a GPU job before paying for it")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue an interrupted run in its directory (--out is then unused): tasks of this "
                         "selection whose every check it holds are not run again; a task left half-judged runs "
@@ -681,6 +684,9 @@ def cmd_run(args) -> int:
         print(f"deltacheck run: {exc}", file=sys.stderr)
         return 2
     specs = args.backend or list(FUSED_DEFAULT)
+    if args.dry_run:
+        _print_plan(plan(cases, specs, gate.probe_env()), len(cases))
+        return 0
     try:
         gate.required_pairs(os.environ)
     except ValueError as exc:  # gate.RequireSpecError: a malformed setting is a usage error
@@ -702,6 +708,47 @@ def cmd_run(args) -> int:
     if args.report:
         _render_report(run_dir)
     return status
+
+
+def plan(cases: list[Case], backend_specs: list[str], env) -> list[dict]:
+    """What a run would do, without running it: per backend x op, the cases each backend would run (and
+    with a backward) and the ones it would decline, by reason. Asks each backend's ``check`` per case, so
+    the libraries are imported here."""
+    rows: dict[tuple[str, str], dict] = {}
+    for spec in backend_specs:
+        try:
+            backend, load_error = get_backend(spec), None
+        except BackendLoadError as exc:
+            backend, load_error = None, str(exc)
+        for case in cases:
+            row = rows.setdefault((spec, case.op), {"backend": spec, "op": case.op, "run": 0, "backward": 0,
+                                                    "declined": Counter()})
+            if backend is None:
+                verdict = Verdict.no(load_error)
+            elif case.op not in backend.ops:
+                verdict = Verdict.no(f"{spec} does not implement {case.op}")
+            else:
+                try:
+                    verdict = backend.check(case, env)
+                except Exception as exc:  # noqa: BLE001 - shown as that case's reason, as a run would
+                    verdict = Verdict.no(f"check() raised {type(exc).__name__}: {exc}")
+            if verdict.runnable:
+                row["run"] += 1
+                row["backward"] += bool(case.backward and verdict.backward)
+            else:
+                row["declined"][verdict.reason or f"{spec}.check() declined without giving a reason"] += 1
+    return [rows[k] for k in sorted(rows)]
+
+
+def _print_plan(rows: list[dict], n_cases: int, stream=None) -> None:
+    stream = stream or sys.stdout
+    print(f"deltacheck run --dry-run: {n_cases} cases; nothing was run", file=stream)
+    for row in rows:
+        declined = sum(row["declined"].values())
+        print(f"  {row['backend'] + ':' + row['op']:<16} would run {row['run']:>4} (backward on {row['backward']}), "
+              f"decline {declined}", file=stream)
+        for reason, n in row["declined"].most_common():
+            print(f"      {n:>4} × {reason}", file=stream)
 
 
 def _render_report(run_dir: Path) -> None:

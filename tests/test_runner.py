@@ -504,3 +504,18 @@ def test_task_timeout_must_be_positive_seconds(value, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         cli_main(["run", "--backend", "oracle", "--limit", "1", "--out", str(tmp_path), "--task-timeout", value])
     assert exc.value.code == 2 and "expected seconds > 0" in capsys.readouterr().err
+
+
+def test_dry_run_counts_what_would_run_and_why_the_rest_is_declined_and_runs_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+    assert cli_main(["run", "--dry-run", "--op", "kda", "--backend", "fake_backends:Declining",
+                     "--backend", "fake_backends:NoBackward", "--backend", "oracle", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    n_kda = len(select(tier="L0", op="kda"))
+    n_bwd = sum(c.backward for c in select(tier="L0", op="kda"))
+    assert f"{n_kda} cases; nothing was run" in out
+    assert f"{n_kda} × fake engine declined: head dim must be 256" in out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    assert f"would run   {n_kda:>2} (backward on 0)" in lines["fake_backends:NoBackward:kda"]
+    assert f"would run   {n_kda:>2} (backward on {n_bwd})" in lines["oracle:kda"]
+    assert not list(tmp_path.iterdir()), "a dry run writes no run directory"
