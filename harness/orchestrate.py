@@ -489,14 +489,19 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
     return status, run_dir
 
 
+def _load_backend(spec: str):
+    """(backend, None), or (None, why it cannot be loaded) — a backend that fails to load is a verdict."""
+    try:
+        return get_backend(spec), None
+    except BackendLoadError as exc:
+        return None, str(exc)
+
+
 def gate_records(backend_specs: list[str], env, required) -> dict[tuple[str, str], tuple[Verdict, dict]]:
     """Each backend x op pair's gate verdict and the record that reports it."""
     gates: dict[tuple[str, str], tuple[Verdict, dict]] = {}
     for spec in backend_specs:
-        try:
-            backend, load_error = get_backend(spec), None
-        except BackendLoadError as exc:
-            backend, load_error = None, str(exc)
+        backend, load_error = _load_backend(spec)
         for op in OPS:
             if backend is None:
                 v = Verdict.no(load_error)
@@ -716,10 +721,7 @@ def plan(cases: list[Case], backend_specs: list[str], env) -> list[dict]:
     the libraries are imported here."""
     rows: dict[tuple[str, str], dict] = {}
     for spec in backend_specs:
-        try:
-            backend, load_error = get_backend(spec), None
-        except BackendLoadError as exc:
-            backend, load_error = None, str(exc)
+        backend, load_error = _load_backend(spec)
         for case in cases:
             row = rows.setdefault((spec, case.op), {"backend": spec, "op": case.op, "run": 0, "backward": 0,
                                                     "declined": Counter()})
