@@ -19,8 +19,10 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict, deque
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from deltacheck import __version__
 from deltacheck.cases import Case, CaseError, select
@@ -624,24 +626,21 @@ def _select_cases(args) -> list[Case]:
     return cases
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
-    return value
+def _argument(cast, expected: str, ok) -> Callable[[str], Any]:
+    """An argparse type: ``cast(text)`` that must satisfy ``ok``; otherwise a usage error naming ``expected``."""
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+        return value
+    return parse
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text}")
-    return value
+_positive_int = _argument(int, "a whole number >= 1", lambda v: v >= 1)
+_positive_seconds = _argument(float, "seconds > 0", lambda v: v > 0)
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
