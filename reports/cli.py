@@ -76,12 +76,12 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from .merge import describe, merge_runs
+    from .merge import merge_runs
 
-    out = merge_runs(args.runs, args.out, allow_mixed_env=args.allow_mixed_env)
-    print(describe(out))
+    merged = merge_runs(args.runs, args.out, allow_mixed_env=args.allow_mixed_env)
+    print(merged)
     if args.report:
-        return _report(argparse.Namespace(run_dir=str(out)))
+        return _report(argparse.Namespace(run_dir=str(merged.directory)))
     return 0
 
 

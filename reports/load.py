@@ -185,6 +185,15 @@ def _read_into(run: Run, results_file: Path, problem) -> bool:
     return seen_any
 
 
+def latest_per_check(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One result per (case, backend, check): a later record replaces an earlier one, in its place (a resumed
+    run's rerun of a half-judged task; in ``merge``, a later run's)."""
+    latest: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in results:
+        latest[(r["case"], r["backend"], r["check"])] = r
+    return list(latest.values())
+
+
 def load_run(path: str | Path, *, warn: bool = True) -> Run:
     """Read a run directory (or a results.jsonl file directly).
 
@@ -223,13 +232,8 @@ def load_run(path: str | Path, *, warn: bool = True) -> Run:
         except OSError as exc:
             raise RunInputError(f"cannot read {source}: {exc.strerror or exc}") from None
     source = results_file
-    # `run --resume` re-runs tasks an interruption left half-judged: for a (case, backend, check) judged
-    # twice, the later record replaces the earlier one (in its place).
-    latest: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for r in run.results:
-        latest[(r["case"], r["backend"], r["check"])] = r
-    if len(latest) < len(run.results):
-        run.results = list(latest.values())
+    # `run --resume` re-runs tasks an interruption left half-judged.
+    run.results = latest_per_check(run.results)
     if parts:
         problem(None, f"{len(parts)} worker file(s) were never folded into {RESULTS_FILE} (the run was "
                       f"killed before it ended); their records are included: {', '.join(p.name for p in parts)}")

@@ -16,23 +16,34 @@ refused: one report over two machines would blur exactly what ``deltacheck compa
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from deltacheck.harness.results import ResultStream, fingerprint
 
-from .load import RunInputError, load_run
+from .load import RunInputError, latest_per_check, load_run
 from .summary import required_failures
 
 RESULT_FIELDS_DROPPED = ("line",)  # added by the loader, not part of a record
 
 
-def merge_runs(inputs: list[str | Path], out: str | Path, *, allow_mixed_env: bool = False) -> Path:
-    """Write the merge of ``inputs`` (in order; later wins) into the new directory ``out``; return it."""
+@dataclass(frozen=True)
+class Merged:
+    directory: Path
+    inputs: int
+    results: int
+    finished: bool
+
+    def __str__(self) -> str:
+        return (f"merged {self.inputs} runs into {self.directory / 'results.jsonl'}: {self.results} results"
+                + ("" if self.finished else " (at least one input did not finish, so neither does the merge)"))
+
+
+def merge_runs(inputs: list[str | Path], out: str | Path, *, allow_mixed_env: bool = False) -> Merged:
+    """Write the merge of ``inputs`` (in order; later wins) into the new directory ``out``."""
     if len(inputs) < 2:
         raise RunInputError("merge needs at least two run directories")
     runs = [load_run(p, warn=False) for p in inputs]
@@ -50,12 +61,8 @@ def merge_runs(inputs: list[str | Path], out: str | Path, *, allow_mixed_env: bo
         raise RunInputError(f"{out} exists and is not empty; merge writes a new run directory")
     out.mkdir(parents=True, exist_ok=True)
 
-    # A later run's result replaces the earlier one in place, so results keep their first-seen order.
-    results: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for run in runs:
-        for r in run.results:
-            results[(r["case"], r["backend"], r["check"])] = {k: v for k, v in r.items()
-                                                             if k not in RESULT_FIELDS_DROPPED}
+    merged = [{k: v for k, v in r.items() if k not in RESULT_FIELDS_DROPPED}
+              for r in latest_per_check([r for run in runs for r in run.results])]
 
     gates: dict[tuple[str, str], dict[str, Any]] = {}
     for run in runs:
@@ -72,7 +79,6 @@ def merge_runs(inputs: list[str | Path], out: str | Path, *, allow_mixed_env: bo
                          **({"env": run.env} if len(set(prints)) > 1 else {})}
                         for run, fp in zip(runs, prints)],
     })
-    merged = list(results.values())
     path = out / "results.jsonl"
     with ResultStream(path) as stream:
         stream.write(header)
@@ -80,7 +86,8 @@ def merge_runs(inputs: list[str | Path], out: str | Path, *, allow_mixed_env: bo
             stream.write(g)
         for r in merged:
             stream.write({**r, "kind": "result"})
-        if all(run.finished for run in runs):
+        finished = all(run.finished for run in runs)
+        if finished:
             failures = sorted({line for run in runs for line in required_failures(run)[0]})
             counts = Counter(r["status"] for r in merged)
             executed: Counter = Counter()
@@ -90,14 +97,4 @@ def merge_runs(inputs: list[str | Path], out: str | Path, *, allow_mixed_env: bo
                           "counts": dict(counts), "required_failures": failures,
                           "exit_status": 1 if (counts["fail"] or counts["error"] or failures) else 0,
                           "executed": dict(executed)})
-    return out
-
-
-def describe(out: Path) -> str:
-    """One line on what the merge holds."""
-    records = [json.loads(line) for line in (out / "results.jsonl").read_text(encoding="utf-8").splitlines()]
-    header = records[0]
-    n = sum(1 for r in records if r.get("kind") == "result")
-    finished = records[-1].get("kind") == "end"
-    return (f"merged {len(header['merged_from'])} runs into {out}{os.sep}results.jsonl: {n} results"
-            + ("" if finished else " (at least one input did not finish, so neither does the merge)"))
+    return Merged(out, len(runs), len(merged), finished)
