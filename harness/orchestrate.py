@@ -85,6 +85,20 @@ class Progress:
         self.open = False
 
 
+def case_verdict(backend, spec: str, case: Case, env) -> Verdict:
+    """The backend's verdict on one case (what ``check`` raises propagates), with every decline and every
+    refused backward carrying a reason: a silent one would become a silent skip."""
+    if case.op not in backend.ops:
+        return Verdict.no(f"{spec} does not implement {case.op}")
+    verdict = backend.check(case, env)
+    if not verdict.runnable and not verdict.reason:
+        return Verdict.no(f"{spec}.check() declined without giving a reason")
+    if verdict.runnable and not verdict.backward and not verdict.backward_reason:
+        return Verdict(True, "", False, f"{spec}.check() refused the backward without giving a reason",
+                       verdict.notes)
+    return verdict
+
+
 def run_task(runner: CaseRunner, case: Case, spec: str, env, sink=None) -> list[Result]:
     """All checks of one case x backend, each handed to ``sink`` as soon as it exists; a backend that
     cannot even load becomes an error result."""
@@ -106,19 +120,11 @@ def run_task(runner: CaseRunner, case: Case, spec: str, env, sink=None) -> list[
         base = dict(case=case.id, backend=spec, op=case.op, repro=repro_command(case, spec))
         return finish([Result(check="forward", status="error", reason=str(exc), **base)])
     base = dict(case=case.id, backend=spec, op=case.op, repro=repro_command(case, spec))
-    if case.op not in backend.ops:
-        verdict = Verdict.no(f"{spec} does not implement {case.op}")
-    else:
-        try:
-            verdict = backend.check(case, env)
-        except Exception as exc:  # noqa: BLE001 - a crashing check is that case's error, not the run's end
-            return finish([Result(check="forward", status="error",
-                                  reason=f"check() raised {type(exc).__name__}: {exc}", **base)])
-    if not verdict.runnable and not verdict.reason:  # a silent decline would be a silent skip
-        verdict = Verdict.no(f"{spec}.check() declined without giving a reason")
-    if verdict.runnable and not verdict.backward and not verdict.backward_reason:
-        verdict = Verdict(True, "", False, f"{spec}.check() refused the backward without giving a reason",
-                          verdict.notes)
+    try:
+        verdict = case_verdict(backend, spec, case, env)
+    except Exception as exc:  # noqa: BLE001 - a crashing check is that case's error, not the run's end
+        return finish([Result(check="forward", status="error",
+                              reason=f"check() raised {type(exc).__name__}: {exc}", **base)])
     try:
         runner.run(case, backend, spec, verdict, env, sink=emit)
     except Exception as exc:  # noqa: BLE001 - the harness's own failure on one case must not end the run
@@ -726,18 +732,16 @@ def plan(cases: list[Case], backend_specs: list[str], env) -> list[dict]:
                                                     "declined": Counter()})
             if backend is None:
                 verdict = Verdict.no(load_error)
-            elif case.op not in backend.ops:
-                verdict = Verdict.no(f"{spec} does not implement {case.op}")
             else:
                 try:
-                    verdict = backend.check(case, env)
-                except Exception as exc:  # noqa: BLE001 - shown as that case's reason, as a run would
+                    verdict = case_verdict(backend, spec, case, env)
+                except Exception as exc:  # noqa: BLE001 - shown as that case's reason; a run records an error
                     verdict = Verdict.no(f"check() raised {type(exc).__name__}: {exc}")
             if verdict.runnable:
                 row["run"] += 1
                 row["backward"] += bool(case.backward and verdict.backward)
             else:
-                row["declined"][verdict.reason or f"{spec}.check() declined without giving a reason"] += 1
+                row["declined"][verdict.reason] += 1
     return [rows[k] for k in sorted(rows)]
 
 
