@@ -402,12 +402,13 @@ def _run_parallel(tasks, run_dir: Path, opts, on_done, jobs: int, task_timeout: 
 
 def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, opts: RunOptions, *,
             in_process: bool = False, argv: list[str] | None = None, environ=os.environ,
-            stream=sys.stdout, jobs: int = 1, resume: str | Path | None = None,
+            stream=None, jobs: int = 1, resume: str | Path | None = None,
             task_timeout: float | None = None) -> tuple[int, Path]:
     """Run ``cases`` x ``backend_specs``; returns (exit status, run directory).
     ``jobs`` > 1 runs that many worker processes side by side on one ``TaskQueue``. ``resume``: an
     interrupted run's directory to continue — tasks whose every check it holds are not run again, the
     rest run and append to it (raises ``ResumeError`` when it cannot be continued here)."""
+    stream = stream or sys.stdout  # looked up per call, so redirected output (and pytest's capture) is honoured
     env = gate.probe_env()
     required = gate.required_pairs(environ)
     extra = {"options": asdict(opts), "cases": len(cases)}
@@ -602,9 +603,13 @@ def _print_summary(stream, run_dir, gate_verdicts, required, executed, statuses,
         state = f"ran {executed.get((spec, op), 0)} cases" if v.runnable else f"unavailable: {v.reason}"
         extra = "" if (not v.runnable or v.backward) else f" (no backward: {v.backward_reason})"
         w(f"  {spec:>10}:{op:<5}{req} {state}{extra}\n")
-    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    final: dict[tuple[str, str, str], dict] = {}  # a resumed run's rerun replaces what it reran
     for _, rec, _ in read_records(results_path):
-        if rec and rec.get("kind") == "result" and rec["status"] in ("fail", "error"):
+        if rec and rec.get("kind") == "result":
+            final[(rec["case"], rec["backend"], rec["check"])] = rec
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for rec in final.values():
+        if rec["status"] in ("fail", "error"):
             groups[(rec["case"], rec["backend"])].append(rec)
     for (case_id, spec), recs in list(groups.items())[:20]:
         checks = ", ".join(f"{r['check']}({r['status']})" for r in recs)

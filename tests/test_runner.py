@@ -442,7 +442,7 @@ def test_resume_runs_only_what_the_interrupted_run_did_not_judge(tmp_path):
     assert len(loaded.results) == len(before)
 
 
-def test_resume_reruns_checks_an_old_build_marked_as_crashed_by_the_interruption(tmp_path):
+def test_resume_reruns_checks_an_old_build_marked_as_crashed_by_the_interruption(tmp_path, capsys):
     _, run_dir = run(["fake_backends:Working"], tmp_path)
     recs = records(run_dir)
     for r in recs:
@@ -453,6 +453,8 @@ def test_resume_reruns_checks_an_old_build_marked_as_crashed_by_the_interruption
     assert cli_main(["run", "--backend", "fake_backends:Working", "--reference", "oracle", "--in-process",
                      *[a for c in CASE_IDS for a in ("--case", c)], "--resume", str(run_dir)]) == 0
     assert {r["case"] for r in _after_resume(run_dir) if r["kind"] == "result"} == {CASE_IDS[0]}
+    # the closing summary lists what failed in the end, not the records the rerun replaced
+    assert "killed by SIGTERM" not in capsys.readouterr().out
 
 
 def test_resuming_a_finished_run_runs_nothing_and_keeps_required_pairs_satisfied(tmp_path, capsys):
