@@ -30,7 +30,7 @@ from deltacheck.cases.support import OPS
 
 from . import gate
 from .backends.base import BackendLoadError, Verdict, get_backend
-from .results import SCHEMA, Result, ResultStream, fingerprint, fold_parts, read_records
+from .results import SCHEMA, Result, ResultStream, fingerprint, fold_parts, latest_per_check, read_records
 from .rundir import new_run_dir, provenance
 from .runner import CaseRunner, RunOptions, checks_for, repro_command
 
@@ -603,12 +603,10 @@ def _print_summary(stream, run_dir, gate_verdicts, required, executed, statuses,
         state = f"ran {executed.get((spec, op), 0)} cases" if v.runnable else f"unavailable: {v.reason}"
         extra = "" if (not v.runnable or v.backward) else f" (no backward: {v.backward_reason})"
         w(f"  {spec:>10}:{op:<5}{req} {state}{extra}\n")
-    final: dict[tuple[str, str, str], dict] = {}  # a resumed run's rerun replaces what it reran
-    for _, rec, _ in read_records(results_path):
-        if rec and rec.get("kind") == "result":
-            final[(rec["case"], rec["backend"], rec["check"])] = rec
+    # each check's final result: a resumed run's rerun replaces what it reran
+    final = latest_per_check([rec for _, rec, _ in read_records(results_path) if rec and rec["kind"] == "result"])
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for rec in final.values():
+    for rec in final:
         if rec["status"] in ("fail", "error"):
             groups[(rec["case"], rec["backend"])].append(rec)
     for (case_id, spec), recs in list(groups.items())[:20]:

@@ -115,3 +115,12 @@ def fold_parts(main: str | os.PathLike, parts: list) -> None:
                 out.flush()
                 os.fsync(out.fileno())
         os.unlink(part)
+
+
+def latest_per_check(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One result per (case, backend, check): a later record replaces an earlier one, in its place (a resumed
+    run's rerun of a half-judged task; in ``merge``, a later run's)."""
+    latest: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in results:
+        latest[(r["case"], r["backend"], r["check"])] = r
+    return list(latest.values())

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deltacheck.harness.results import SCHEMA, STATUSES, read_records
+from deltacheck.harness.results import SCHEMA, STATUSES, latest_per_check, read_records
 
 RESULTS_FILE = "results.jsonl"
 PART_GLOB = "results.*w*.jsonl"  # results.w3.jsonl (--jobs shard), results.gw3.jsonl (xdist worker)
@@ -183,15 +183,6 @@ def _read_into(run: Run, results_file: Path, problem) -> bool:
         else:
             problem(lineno, f"unknown record kind {kind!r}")
     return seen_any
-
-
-def latest_per_check(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One result per (case, backend, check): a later record replaces an earlier one, in its place (a resumed
-    run's rerun of a half-judged task; in ``merge``, a later run's)."""
-    latest: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for r in results:
-        latest[(r["case"], r["backend"], r["check"])] = r
-    return list(latest.values())
 
 
 def load_run(path: str | Path, *, warn: bool = True) -> Run:
