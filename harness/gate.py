@@ -13,7 +13,8 @@ per process and caches the snapshot):
   (a third-party ``pkg.mod:attr`` backend's own ``check()`` decides).
 - ``load_op(backend, op, importer=...) -> (fn | None, Verdict)``: import the library and fetch the
   op's entry point, turning "raises on import" and "op attribute missing" into declines with a fix.
-  ``check_pair`` = ``pair_verdict`` + ``load_op``, merged.
+  ``check_pair`` = ``pair_verdict`` + ``load_op``, merged. ``floors_then_library(backend, op, env, library)``:
+  the order a fused adapter's ``check`` follows — ``pair_verdict``, and only if it holds the library's say.
 - ``required_pairs(environ) -> set[(backend, op)]`` / ``required_spec(environ) -> {pair: source}``;
   malformed entries raise ``RequireSpecError`` (a ``RequiredModeError``).
 - ``required_failures(required, gate_verdicts, executed, declined=None) -> list[str]``: one loud
@@ -58,6 +59,7 @@ __all__ = [
     "check_pair",
     "format_required_report",
     "gate_verdicts",
+    "floors_then_library",
     "load_op",
     "merge_verdicts",
     "pair_verdict",
@@ -659,6 +661,13 @@ def load_op(
     if not callable(fn):
         return None, Verdict.no(f"{pair}: {mod_name}.{attr} is not callable ({type(fn).__name__}); {install}")
     return fn, Verdict.ok()
+
+
+def floors_then_library(backend: str, op: str, env: Env, library: Callable[[], Verdict]) -> Verdict:
+    """What a fused adapter's ``check`` returns: our floors and facts first (no library import); only if they
+    hold, ``library()`` — what the library itself says about the case — merged in."""
+    verdict = pair_verdict(backend, op, env)
+    return merge_verdicts(verdict, library()) if verdict.runnable else verdict
 
 
 def check_pair(

@@ -169,11 +169,7 @@ class FlaBackend:
 
     # ------------------------------------------------------------------ can it run?
     def check(self, case, env) -> Verdict:
-        # Our floors and facts first (no library import); then what the library itself says.
-        verdict = gate.pair_verdict(self.name, case.op, env)
-        if not verdict.runnable:
-            return verdict
-        return gate.merge_verdicts(verdict, self._library_verdict(case))
+        return gate.floors_then_library(self.name, case.op, env, lambda: self._library_verdict(case))
 
     def _library_verdict(self, case) -> Verdict:
         if case.op not in self.ops:
