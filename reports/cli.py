@@ -42,13 +42,13 @@ def _guarded(command: str, body: Callable[[argparse.Namespace], int]) -> Callabl
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .markdown import counts_line
     from .render import write_reports
+    from .summary import counts_line
 
     written = write_reports(args.run_dir)
     summary = written.summary
     print(f"wrote {', '.join(str(p) for p in written.files)}")
-    print(f"{summary['verdict']}: {counts_line(summary).replace('`', '')}")
+    print(f"{summary['verdict']}: {counts_line(summary)}")
     for line in summary["required_failures"]:
         print(f"  {line}")
     if written.run.problems:

@@ -10,7 +10,7 @@ from typing import Any
 
 from .load import Run
 from .plots import PlotsUnavailable, make_plots
-from .summary import fmt_err, fmt_headroom, short_env
+from .summary import counts_line, fmt_err, fmt_headroom, short_env
 
 MAX_FAILURES_SHOWN = 200
 
@@ -88,13 +88,7 @@ def render_html(run: Run, summary: dict[str, Any]) -> str:
     if summary["required_failures"]:
         items = "".join(f"<li>{escape(x)}</li>" for x in summary["required_failures"])
         out.append(f"<div class=\"required\">Required backend × op pairs failed:<ul>{items}</ul></div>")
-    c = summary["counts"]
-    line = f"{c['total']} results: {c['pass']} pass, {c['fail']} fail, {c['skip']} skip, {c['error']} error"
-    worst = summary.get("worst_headroom")
-    if worst:
-        line += (f"; worst headroom {escape(fmt_headroom(worst['headroom']))} ({escape(worst['backend'])} "
-                 f"{escape(worst['check'])}, <code>{escape(worst['case'])}</code>)")
-    out.append(f"<p>{line}</p>")  # every variable part above is escaped
+    out.append(f"<p>{counts_line(summary, text=escape, case=lambda c: f'<code>{escape(c)}</code>')}</p>")
     if not info["complete"]:
         out.append("<p class=\"warn\"><b>The run did not finish</b> (results.jsonl has no end record; it may have "
                    "crashed): everything below covers only the results that were written.</p>")

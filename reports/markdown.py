@@ -6,7 +6,7 @@ import shlex
 from collections.abc import Iterable
 from typing import Any
 
-from .summary import fmt_err, fmt_headroom, short_env
+from .summary import counts_line, fmt_err, fmt_headroom, short_env
 
 MAX_FAILURES_LISTED = 40
 
@@ -29,16 +29,6 @@ def table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> list[str]:
     return lines
 
 
-def counts_line(summary: dict[str, Any]) -> str:
-    c = summary["counts"]
-    text = f"{c['total']} results: {c['pass']} pass, {c['fail']} fail, {c['skip']} skip, {c['error']} error"
-    worst = summary.get("worst_headroom")
-    if worst:
-        text += (f"; worst headroom {fmt_headroom(worst['headroom'])} "
-                 f"({worst['backend']} {worst['check']}, {code(worst['case'])})")
-    return text
-
-
 def render_markdown(summary: dict[str, Any]) -> str:
     run = summary["run"]
     out: list[str] = [f"# deltacheck run {run.get('run_id') or run['directory']}: {summary['verdict']}", ""]
@@ -51,7 +41,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         out += [f"- **{cell(line)}**" for line in summary["required_failures"]]
         out.append("")
 
-    out.append(counts_line(summary))
+    out.append(counts_line(summary, case=code))
     out.append("")
     if not run["complete"]:
         out += [("**The run did not finish** (results.jsonl has no end record; it may have crashed): "

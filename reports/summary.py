@@ -217,6 +217,18 @@ def to_json(summary: dict[str, Any]) -> str:
 
 # --- number formatting shared by the Markdown, HTML and compare renderers ---------------------------
 
+def counts_line(summary: dict[str, Any], *, text=str, case=str) -> str:
+    """"N results: … pass, … fail, …; worst headroom … (backend check, case)" — ``text`` escapes the plain parts
+    and ``case`` marks up the case id, per output format (Markdown, HTML, the terminal)."""
+    c = summary["counts"]
+    line = f"{c['total']} results: {c['pass']} pass, {c['fail']} fail, {c['skip']} skip, {c['error']} error"
+    worst = summary.get("worst_headroom")
+    if worst:
+        line += f"; worst headroom {fmt_headroom(worst['headroom'])} ({worst['backend']} {worst['check']}, "
+        return text(line) + case(worst["case"]) + text(")")
+    return text(line)
+
+
 def fmt_err(x: Any) -> str:
     v = number(x)
     if v is None:
