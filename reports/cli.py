@@ -85,24 +85,21 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def _factor(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 1.0:
-        raise argparse.ArgumentTypeError(f"must be greater than 1 (2.0 means 'grew more than twofold'), got {text}")
-    return value
+def _number_above(bound: float, must_be: str) -> Callable[[str], float]:
+    """An argparse type: a float strictly above ``bound``; ``must_be`` says so in the error."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > bound:
+            raise argparse.ArgumentTypeError(f"must be {must_be}, got {text}")
+        return value
+    return parse
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
+_factor = _number_above(1.0, "greater than 1 (2.0 means 'grew more than twofold')")
+_positive = _number_above(0.0, "positive")
 
 
 def add_cli(subparsers) -> None:

@@ -146,7 +146,16 @@ def test_missing_or_foreign_runs_exit_2_with_one_line(tmp_path, capsys, which):
     assert "written with results schema 2" in capsys.readouterr().err
 
 
-def test_bad_factor_is_a_usage_error():
+@pytest.mark.parametrize("option, value, message", [
+    ("--factor", "0.5", "must be greater than 1 (2.0 means 'grew more than twofold'), got 0.5"),
+    ("--factor", "1", "must be greater than 1"),
+    ("--factor", "two", "not a number: 'two'"),
+    ("--floor", "0", "must be positive, got 0"),
+    ("--floor", "-1", "must be positive, got -1"),
+    ("--floor", "x", "not a number: 'x'"),
+])
+def test_bad_factor_or_floor_is_a_usage_error_that_says_why(capsys, option, value, message):
     with pytest.raises(SystemExit) as exc:
-        cli("compare", "a", "b", "--factor", "0.5")
+        cli("compare", "a", "b", option, value)
     assert exc.value.code == 2
+    assert f"argument {option}: {message}" in capsys.readouterr().err
