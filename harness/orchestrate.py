@@ -30,7 +30,17 @@ from deltacheck.cases.support import OPS
 
 from . import gate
 from .backends.base import BackendLoadError, Verdict, get_backend
-from .results import SCHEMA, Result, ResultStream, fingerprint, fold_parts, latest_per_check, read_records
+from .results import (
+    SCHEMA,
+    Result,
+    ResultStream,
+    end_record,
+    fingerprint,
+    fold_parts,
+    latest_per_check,
+    read_records,
+    utc_now,
+)
 from .rundir import new_run_dir, provenance
 from .runner import CaseRunner, RunOptions, checks_for, repro_command
 
@@ -491,9 +501,7 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
     )
     status = 1 if (statuses["fail"] or statuses["error"] or failures) else 0
     with ResultStream(results_path) as out:
-        out.write({"kind": "end", "finished": _now(), "counts": dict(statuses), "exit_status": status,
-                   "required_failures": failures,
-                   "executed": {f"{b}:{o}": n for (b, o), n in executed.items()}})
+        out.write(end_record(statuses, status, failures, {f"{b}:{o}": n for (b, o), n in executed.items()}))
     _print_summary(stream, run_dir, gate_verdicts, required, executed, statuses, failures, results_path)
     return status, run_dir
 
@@ -530,7 +538,7 @@ def open_run(results_path: Path, backend_specs: list[str], env, required, argv: 
     Shared by `deltacheck run` and the pytest plugin's ``--dc-out``, so both runs read the same."""
     gates = gate_records(backend_specs, env, required)
     with ResultStream(results_path) as out:
-        out.write({"kind": "run", "schema": SCHEMA, "deltacheck": __version__, "started": _now(), "argv": argv,
+        out.write({"kind": "run", "schema": SCHEMA, "deltacheck": __version__, "started": utc_now(), "argv": argv,
                    "env": env.to_dict(), "run_id": results_path.parent.name, "backends": backend_specs,
                    "required": sorted(":".join(p) for p in required), **(extra or {}), **provenance()})
         for _, record in gates.values():
@@ -580,17 +588,13 @@ def resume_run(run_dir: Path, backend_specs: list[str], env, required, argv: lis
                           f"({describe(ours)}); resume it there, or start a new run and `deltacheck compare` the two")
     gates = gate_records(backend_specs, env, required)
     with ResultStream(results_path) as out:
-        out.write({"kind": "resume", "started": _now(), "argv": argv, "env": ours, "backends": backend_specs,
+        out.write({"kind": "resume", "started": utc_now(), "argv": argv, "env": ours, "backends": backend_specs,
                    **extra, **provenance()})
         for pair, (_, record) in gates.items():
             if pair not in gated:
                 out.write(record)
     return ({pair: verdict for pair, (verdict, _) in gates.items()},
             {key: list(checks.values()) for key, checks in judged.items()})
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _print_summary(stream, run_dir, gate_verdicts, required, executed, statuses, failures, results_path):

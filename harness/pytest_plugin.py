@@ -275,14 +275,11 @@ def _close_run_dir(state, failures, exit_status: int) -> None:
     run_dir = state.get("run_dir")
     if run_dir is None:
         return
-    import time
-
-    from .results import ResultStream, fold_parts, read_records
+    from .results import ResultStream, end_record, fold_parts, read_records
 
     main = run_dir / "results.jsonl"
     fold_parts(main, sorted(run_dir.glob("results.gw*.jsonl")))
     counts = Counter(rec["status"] for _, rec, _ in read_records(main) if rec and rec["kind"] == "result")
     with ResultStream(main) as out:
-        out.write({"kind": "end", "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                   "counts": dict(counts), "exit_status": exit_status, "required_failures": failures,
-                   "executed": {f"{b}:{o}": n for (b, o), n in state["executed"].items()}})
+        out.write(end_record(counts, exit_status, failures,
+                             {f"{b}:{o}": n for (b, o), n in state["executed"].items()}))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -124,3 +125,16 @@ def latest_per_check(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in results:
         latest[(r["case"], r["backend"], r["check"])] = r
     return list(latest.values())
+
+
+def utc_now() -> str:
+    """The time stamp every record carries: UTC, to the second."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def end_record(counts: dict[str, int], exit_status: int, required_failures: list[str],
+               executed: dict[str, int]) -> dict[str, Any]:
+    """The ``end`` record that closes a run directory (``deltacheck run``, the pytest plugin, ``merge``); a run
+    without one did not finish. ``counts``: results by status; ``executed``: cases run per ``"backend:op"``."""
+    return {"kind": "end", "finished": utc_now(), "counts": dict(counts), "exit_status": exit_status,
+            "required_failures": list(required_failures), "executed": dict(executed)}

@@ -16,13 +16,12 @@ refused: one report over two machines would blur exactly what ``deltacheck compa
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deltacheck.harness.results import ResultStream, fingerprint
+from deltacheck.harness.results import ResultStream, end_record, fingerprint
 
 from .load import RunInputError, latest_per_check, load_run
 from .summary import required_failures
@@ -93,8 +92,6 @@ def merge_runs(inputs: list[str | Path], out: str | Path, *, allow_mixed_env: bo
             executed: Counter = Counter()
             for run in runs:
                 executed.update({k: int(v) for k, v in (run.end or {}).get("executed", {}).items()})
-            stream.write({"kind": "end", "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                          "counts": dict(counts), "required_failures": failures,
-                          "exit_status": 1 if (counts["fail"] or counts["error"] or failures) else 0,
-                          "executed": dict(executed)})
+            stream.write(end_record(counts, 1 if (counts["fail"] or counts["error"] or failures) else 0, failures,
+                                    executed))
     return Merged(out, len(runs), len(merged), finished)
