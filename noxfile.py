@@ -64,7 +64,7 @@ def release(session):
         DELTACHECK_WHEELS=$PWD/wheels nox -s release -- 1.31.0 1.32.0
 
     With DELTACHECK_WHEELS set, pip runs with `--no-index --find-links $DELTACHECK_WHEELS`. Without nox, see
-    reports/RELEASE.md for the same steps in plain bash.
+    docs/release.md for the same steps in plain bash.
 
     The session fails when a compare finds a regression (new failure, worse error, newly declined or
     errored), when a version's run writes no results, or when the newest version's run fails.

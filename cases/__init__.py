@@ -3,19 +3,11 @@
 Imports torch (for inputs) and nothing from reference/, harness/ or reports/.
 """
 
+from .axes import MAIN_AXES, axis_values
+from .coverage import coverage_table, interaction_coverage, pair_coverage
 from .inputs import make_inputs, make_weights, stream_seed, tensor_digest
 from .kexpr import KExprError, compile_k
-from .matrix import (
-                     MAIN_AXES,
-                     TIER_AXES,
-                     TIER_BUDGETS,
-                     axis_values,
-                     coverage_table,
-                     interaction_coverage,
-                     pair_coverage,
-                     select,
-                     tier_cases,
-)
+from .matrix import TIER_AXES, TIER_BUDGETS, select, tier_cases
 from .spec import BETA_PROFILES, GATE_PROFILES, IO_DTYPES, LAYOUTS, STATE_DTYPES, TIERS, Case, CaseError, parse_id
 from .support import OP_SUPPORT, OpSupport
 

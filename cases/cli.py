@@ -1,7 +1,7 @@
 """`deltacheck list`: print the ids of a tier (filtered by op and a -k expression), or counts per axis.
 
-The lead's harness CLI mounts this as a subcommand with `add_list_arguments(subparser)` and
-`run_list(args)`; `python -m deltacheck.cases list ...` runs it on its own.
+`deltacheck list` is this module's ``add_cli`` (registered by harness/cli.py); `python -m deltacheck.cases
+list ...` runs it on its own, without the harness.
 """
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .coverage import coverage_table
 from .kexpr import KExprError
-from .matrix import coverage_table, select
+from .matrix import select
 from .spec import TIERS, CaseError
 from .support import OP_SUPPORT
 

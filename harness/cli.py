@@ -13,8 +13,8 @@ from deltacheck import __version__
 # Listed in the order `--help` shows them: what to run first, then inspection, then reporting.
 COMMAND_MODULES = [
     "deltacheck.cases.cli",
-    "deltacheck.harness.orchestrate",
-    "deltacheck.harness.gate",
+    "deltacheck.harness.commands.run",
+    "deltacheck.harness.commands.env",
     "deltacheck.reports.cli",
 ]
 
@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Reference-vs-fused numerical verification for gated delta-rule linear attention "
             "(GDN, KDA, GDN2): an fp64 reference, a generated case matrix, fused-kernel adapters "
-            "(cuDNN frontend, flash-linear-attention), an arch/runtime gate with required mode, and reports."
+            "(cuDNN frontend, flash-linear-attention), an arch/runtime availability check with required mode, and reports."
         ),
         epilog="Run `deltacheck COMMAND --help` for each command's options.",
     )

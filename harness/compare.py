@@ -40,7 +40,7 @@ class Tolerance:
 
 # Forward output / final state / continuation. bf16 2e-2, fp16 1e-2: TE 2.20 GDN2 tests and cuDNN FE tests
 # agree. c = 2 as FlashAttention. Floors: a quarter of the threshold — cuDNN KDA and FLA GDN/KDA/GDN2 land at
-# 3e-3..5e-3 relative RMS in bf16 on the H200 (semantics.md), so a good kernel is never failed by the floor.
+# 3e-3..5e-3 relative RMS in bf16 on the H200 (docs/verdicts.md), so a good kernel is never failed by the floor.
 _FWD = {
     "bf16": Tolerance(2e-2, 2.0, 5e-3, "TE GDN2 / cuDNN FE tests: bf16 out/state 2e-2"),
     "fp16": Tolerance(1e-2, 2.0, 2.5e-3, "TE GDN2 / cuDNN FE tests: fp16 out/state 1e-2"),

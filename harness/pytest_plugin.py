@@ -48,18 +48,18 @@ def pytest_configure(config):
     worker = _worker_id(config) or ""
     if worker.startswith("gw"):
         # One GPU per xdist worker (of those visible), before anything initializes CUDA in this process.
-        from .gate import visible_gpus
+        from .environment import visible_gpus
 
         gpus = visible_gpus()
         if len(gpus) > 1:
             os.environ["CUDA_VISIBLE_DEVICES"] = gpus[int(worker[2:]) % len(gpus)]
-    config.stash[_STATE_KEY] = {"executed": Counter(), "declined": Counter(), "decline_reason": {}}
-    _open_run_dir(config)
-    from . import gate
+    from .required import RequiredTally, RequireSpecError, required_pairs
 
+    config.stash[_STATE_KEY] = {"tally": RequiredTally()}
+    _open_run_dir(config)
     try:  # a malformed DELTACHECK_REQUIRE / NVTE_* setting is a usage error, reported once
-        gate.required_pairs()
-    except ValueError as exc:
+        required_pairs()
+    except RequireSpecError as exc:
         raise pytest.UsageError(str(exc)) from None
 
 
@@ -113,35 +113,33 @@ def dc_runner(request):
 
 @pytest.fixture(scope="session")
 def dc_env():
-    from . import gate
+    from .environment import probe_env
 
-    return gate.probe_env()
+    return probe_env()
 
 
 @pytest.fixture
 def dc_run(request, dc_runner, dc_env):
     """Run one (case, backend) task; skip with the backend's reason or fail listing every failed check."""
-    from . import gate
-    from .orchestrate import run_task
+    from .required import required_pairs
+    from .task import run_task, task_summary
 
     state = request.config.stash[_STATE_KEY]
-    required = gate.required_pairs()
+    required = required_pairs()
 
     def run(task):
         case, spec = task
         stream = state.get("stream")
         results = run_task(dc_runner, case, spec, dc_env, sink=stream.write if stream is not None else None)
         pair = (spec, case.op)
+        state["tally"].select(spec, case)
+        state["tally"].add(spec, case.op, task_summary(results))
         forward = next(r for r in results if r.check == "forward")
-        if forward.status in ("pass", "fail"):
-            state["executed"][pair] += 1
         bad = [r for r in results if r.status in ("fail", "error")]
         if bad:
             lines = [f"{r.status.upper()} {r.check}: {r.reason}" for r in bad]
             pytest.fail("\n".join(lines) + f"\nre-run: {bad[0].repro}", pytrace=False)
         if forward.status == "skip":
-            state["declined"][pair] += 1
-            state["decline_reason"].setdefault(pair, forward.reason)
             if pair in required:
                 pytest.fail(f"REQUIRED {spec}:{case.op} declined this case: {forward.reason}", pytrace=False)
             pytest.skip(forward.reason)
@@ -175,48 +173,33 @@ def pytest_testnodedown(node, error):
     if raw:
         state = node.config.stash[_STATE_KEY]
         data = json.loads(raw)
-        collected = data.pop("collected_matrix", False)
-        state["collected_matrix"] = state.get("collected_matrix") or collected
-        for key, pairs in data.items():
-            for spec, op, n, *reason in pairs:
-                if key == "decline_reason":
-                    state[key].setdefault((spec, op), reason[0] if reason else "")
-                else:
-                    state[key][(spec, op)] += n
+        state["collected_matrix"] = state.get("collected_matrix") or data.get("collected_matrix", False)
+        state["tally"].merge(data["tally"])
 
 
 def _dump(state) -> dict:
-    return {
-        "collected_matrix": bool(state.get("collected_matrix")),
-        "executed": [[s, o, n] for (s, o), n in state["executed"].items()],
-        "declined": [[s, o, n] for (s, o), n in state["declined"].items()],
-        "decline_reason": [[s, o, 0, r] for (s, o), r in state["decline_reason"].items()],
-    }
+    return {"collected_matrix": bool(state.get("collected_matrix")), "tally": state["tally"].to_json()}
 
 
 def _required_failures(config, state) -> list[str]:
-    from . import gate
+    from .availability import load_backend, pair_availability
+    from .backends.base import Verdict
+    from .environment import probe_env
+    from .required import required_pairs
 
-    required = gate.required_pairs()
+    required = required_pairs()
     if not required or not _uses_matrix(config):
         return []
-    from .backends.base import BackendLoadError, get_backend
-    from .orchestrate import pair_availability
-
-    env = gate.probe_env()
+    env = probe_env()
     verdicts = {}
     selected = set(_specs(config))
     for spec, op in required:
-        if spec not in selected:  # not part of this session: the gate says so ("select it with ...")
+        if spec not in selected:  # not part of this session: the verdict says so ("select it with ...")
             continue
-        try:
-            verdicts[(spec, op)] = pair_availability(get_backend(spec), spec, op, env)
-        except BackendLoadError as exc:
-            from .backends.base import Verdict
-
-            verdicts[(spec, op)] = Verdict.no(str(exc))
-    declined = {k: (n, state["decline_reason"].get(k, "")) for k, n in state["declined"].items()}
-    return gate.required_failures(required, verdicts, state["executed"], declined=declined)
+        backend, load_error = load_backend(spec)
+        verdicts[(spec, op)] = (Verdict.no(load_error) if backend is None
+                                else pair_availability(backend, spec, op, env))
+    return state["tally"].failures(required, verdicts)
 
 
 def _uses_matrix(config) -> bool:
@@ -232,10 +215,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     state = config.stash.get(_STATE_KEY, None)
     if not state or not state.get("failures"):
         return
-    from . import gate
+    from .required import format_required_report
 
     terminalreporter.section("deltacheck required mode", sep="=", red=True, bold=True)
-    terminalreporter.write_line(gate.format_required_report(state["failures"]))
+    terminalreporter.write_line(format_required_report(state["failures"]))
 
 
 # --- --dc-out: a run directory, as `deltacheck run` writes it --------------------------------------
@@ -244,7 +227,7 @@ _RUN_DIR_ENV = "DELTACHECK_PYTEST_RUN_DIR"
 
 
 def _open_run_dir(config) -> None:
-    """The controller creates the run directory and writes the header and gate records; every process
+    """The controller creates the run directory and writes the header and availability records; every process
     (each xdist worker, or the only one) streams its results to a file of its own inside it."""
     from pathlib import Path
 
@@ -255,13 +238,13 @@ def _open_run_dir(config) -> None:
     if worker is None and config.getoption("--dc-out"):
         import sys
 
-        from . import gate
-        from .orchestrate import open_run
-        from .rundir import new_run_dir
+        from .environment import probe_env
+        from .required import required_pairs
+        from .rundir import new_run_dir, open_run
 
         run_dir = new_run_dir(config.getoption("--dc-out"))
         os.environ[_RUN_DIR_ENV] = str(run_dir)  # xdist workers start later and inherit it
-        open_run(run_dir / "results.jsonl", _specs(config), gate.probe_env(), gate.required_pairs(),
+        open_run(run_dir / "results.jsonl", _specs(config), probe_env(), required_pairs(),
                  ["pytest", *sys.argv[1:]])
         state["run_dir"] = run_dir
     path = os.environ.get(_RUN_DIR_ENV) if worker else state.get("run_dir")
@@ -282,4 +265,4 @@ def _close_run_dir(state, failures, exit_status: int) -> None:
     counts = Counter(rec["status"] for _, rec, _ in read_records(main) if rec and rec["kind"] == "result")
     with ResultStream(main) as out:
         out.write(end_record(counts, exit_status, failures,
-                             {f"{b}:{o}": n for (b, o), n in state["executed"].items()}))
+                             {f"{b}:{o}": n for (b, o), n in state["tally"].executed.items()}))

@@ -1,7 +1,8 @@
 """Result records and the JSONL stream they are written to as soon as they exist.
 
 One run directory holds ``results.jsonl``: a ``run`` header (environment, versions, commit), then one
-``gate`` record per backend × op (available or not, required or not, the reason), then one ``result``
+availability record (``kind: "gate"``, its schema-1 name) per backend × op (available or not, required or
+not, the reason), then one ``result``
 record per (case, backend, check), then an ``end`` record. Reports are rendered from these records only.
 A crash loses nothing already written: each record is flushed and fsync'd.
 """

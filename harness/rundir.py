@@ -1,7 +1,9 @@
-"""Run directories and the provenance that goes into a run's header.
+"""A run directory's lifecycle: a fresh, never-reused directory (``new_run_dir``), its header and availability
+records (``open_run``), reopening an interrupted run (``resume_run``), and the provenance (commit, dirty) a
+header records. The format itself is described in docs/run-directory.md.
 
-The runner calls ``new_run_dir()`` for a fresh, never-reused directory and ``provenance()`` for the
-``commit`` / ``dirty`` fields of the ``run`` record.
+``deltacheck run`` and the pytest plugin's ``--dc-out`` both open their run directories here, so both write
+the same records.
 """
 
 from __future__ import annotations
@@ -9,7 +11,14 @@ from __future__ import annotations
 import secrets
 import subprocess
 import time
+from collections import defaultdict
 from pathlib import Path
+
+from deltacheck import __version__
+
+from .availability import availability_records
+from .backends.base import Verdict
+from .results import SCHEMA, Result, ResultStream, fingerprint, fold_parts, read_records, utc_now
 
 # The repository root is the package root (pyproject maps "deltacheck" to "."), so this file's
 # grandparent is the checkout whose commit describes the code that ran.
@@ -62,3 +71,64 @@ def provenance(repo: str | Path | None = None) -> dict[str, object]:
         "commit": commit.strip() if commit else None,  # None: a repository without commits yet
         "dirty": bool(status.strip()) if status is not None else None,
     }
+
+
+def open_run(results_path: Path, backend_specs: list[str], env, required, argv: list[str],
+             extra: dict | None = None) -> dict[tuple[str, str], Verdict]:
+    """Write a run's header and one availability record per backend x op; return their verdicts.
+    Shared by `deltacheck run` and the pytest plugin's ``--dc-out``, so both runs read the same."""
+    gates = availability_records(backend_specs, env, required)
+    with ResultStream(results_path) as out:
+        out.write({"kind": "run", "schema": SCHEMA, "deltacheck": __version__, "started": utc_now(), "argv": argv,
+                   "env": env.to_dict(), "run_id": results_path.parent.name, "backends": backend_specs,
+                   "required": sorted(":".join(p) for p in required), **(extra or {}), **provenance()})
+        for _, record in gates.values():
+            out.write(record)
+    return {pair: verdict for pair, (verdict, _) in gates.items()}
+
+
+class ResumeError(ValueError):
+    """A run directory that ``--resume`` cannot continue; the message says why and what to do."""
+
+
+def resume_run(run_dir: Path, backend_specs: list[str], env, required, argv: list[str],
+               extra: dict) -> tuple[dict[tuple[str, str], Verdict], dict[tuple[str, str], list[Result]]]:
+    """Reopen an interrupted run: fold worker files it left, check that this is its environment, append a
+    ``resume`` record (and availability records for backends it did not have); return the verdicts and the
+    results it already holds, by (case id, backend)."""
+    results_path = run_dir / "results.jsonl"
+    if not results_path.is_file():
+        raise ResumeError(f"--resume {run_dir}: not a run directory (no results.jsonl)")
+    fold_parts(results_path, sorted(run_dir.glob("results.*w*.jsonl")))
+    header, gated, judged = None, set(), defaultdict(dict)
+    for _, rec, _ in read_records(results_path):
+        if rec is None:
+            continue
+        if rec["kind"] == "run" and header is None:
+            header = rec
+        elif rec["kind"] == "gate":
+            gated.add((rec.get("backend"), rec.get("op")))
+        elif rec["kind"] == "result":
+            result = Result(**{k: v for k, v in rec.items() if k != "kind"})
+            judged[(result.case, result.backend)][result.check] = result  # a later record wins
+    if header is None:
+        raise ResumeError(f"--resume {run_dir}: results.jsonl has no run header")
+    if header.get("schema") != SCHEMA:
+        raise ResumeError(f"--resume {run_dir}: written with results schema {header.get('schema')!r}, "
+                          f"this deltacheck writes {SCHEMA}; start a new run")
+    theirs, ours = header.get("env") or {}, env.to_dict()
+    if fingerprint(theirs) != fingerprint(ours):
+        def describe(e):
+            return f"{e.get('device_name') or 'no GPU'}, " + ", ".join(
+                f"{k} {v}" for k, v in sorted((e.get("versions") or {}).items()) if v)
+        raise ResumeError(f"--resume {run_dir}: it ran in another environment ({describe(theirs)}) than this one "
+                          f"({describe(ours)}); resume it there, or start a new run and `deltacheck compare` the two")
+    gates = availability_records(backend_specs, env, required)
+    with ResultStream(results_path) as out:
+        out.write({"kind": "resume", "started": utc_now(), "argv": argv, "env": ours, "backends": backend_specs,
+                   **extra, **provenance()})
+        for pair, (_, record) in gates.items():
+            if pair not in gated:
+                out.write(record)
+    return ({pair: verdict for pair, (verdict, _) in gates.items()},
+            {key: list(checks.values()) for key, checks in judged.items()})

@@ -12,32 +12,26 @@ and FLA adapters do not allocate: the libraries do, with ``torch.empty``).
 
 from __future__ import annotations
 
+import functools
 import math
-import shlex
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
 
-from deltacheck.cases import Case, make_inputs, make_weights
+from deltacheck.cases import Case, make_inputs
 from deltacheck.reference import layouts
 
 from . import compare
-from .backends.base import Backend, Verdict, get_backend
+from .backends.base import Backend, Verdict
+from .expected import F64, GRAD_NAMES, Expected, ReferenceFailure, compute_expected, reference_name, weighted_loss
 from .results import Result
+from .task import checks_for, grad_inputs, task_result
 
-F64 = torch.float64
-GRAD_NAMES = {
-    "q": "dq", "k": "dk", "v": "dv", "g": "dg", "beta": "dbeta", "w": "dw",
-    "initial_state": "dh0", "a_log": "da_log", "dt_bias": "ddt_bias",
-}
 TOKENWISE = ("q", "k", "v", "g", "beta", "w")
 SEQ_AXIS = {"bshd": 1, "sbhd": 0, "bhsd": 2}
-# Above this many tokens the token oracle is too slow to be the reference; the fp64 chunked
-# reference (verified against the oracle to 1e-12) takes over.
-ORACLE_MAX_TOKENS = 2048
 
 
 @dataclass
@@ -46,31 +40,6 @@ class RunOptions:
     reference: str = "auto"  # oracle | chunked | auto
     baseline: bool = True  # compute the same-precision baseline for the FlashAttention criterion
     margin: int = 64  # NaN elements each side of every input buffer
-
-
-def repro_command(case: Case, backend_spec: str) -> str:
-    return f"deltacheck run --case {shlex.quote(case.id)} --backend {shlex.quote(backend_spec)}"
-
-
-def checks_for(case: Case) -> list[str]:
-    names = ["forward", "state"]
-    if case.splits:
-        names += ["continuation_ref", "continuation_self"]
-    if case.backward:
-        names += [f"grad_{n}" for n in grad_inputs(case)]
-    names.append("determinism")
-    return names
-
-
-def grad_inputs(case: Case) -> list[str]:
-    names = ["q", "k", "v", "g", "beta"] + (["w"] if case.op == "gdn2" else [])
-    if case.initial_state:
-        names.append("initial_state")
-    if case.a_log:
-        names.append("a_log")
-    if case.dt_bias:
-        names.append("dt_bias")
-    return names
 
 
 # --- inputs --------------------------------------------------------------------------------------
@@ -151,85 +120,6 @@ class _Emitting(list):
         return self
 
 
-class ReferenceFailure(Exception):
-    """The reference side of a case could not be computed (never blamed on the backend under test)."""
-
-
-@dataclass
-class Expected:
-    out: torch.Tensor  # packed [T, HO, V], fp64
-    state: torch.Tensor  # [N, HO, K, V], fp64
-    grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
-    baseline_err: dict[str, float] = field(default_factory=dict)
-    reference: str = ""
-    seconds: float = 0.0
-
-
-def _leaves(inputs: dict, names: list[str], dtype=None) -> dict:
-    """Fresh grad-requiring leaves for ``names`` (optionally cast), other entries passed through."""
-    out = dict(inputs)
-    for n in names:
-        x = inputs[n]
-        x = x.detach().to(dtype) if dtype is not None else x.detach().clone()
-        out[n] = x.requires_grad_()
-    return out
-
-
-def _loss(case: Case, out: torch.Tensor, state: torch.Tensor, device) -> torch.Tensor:
-    wo, ws = make_weights(case, out.shape, state.shape, device=device)
-    return (out.to(F64) * wo.to(F64)).sum() + (state.to(F64) * ws.to(F64)).sum()
-
-
-def _forward_backward(backend: Backend, case: Case, inputs: dict, names: list[str], device):
-    out, state = backend.run(case, inputs)
-    grads = {}
-    if names:
-        leaves = [inputs[n] for n in names]
-        got = torch.autograd.grad(_loss(case, out, state, device), leaves, allow_unused=True)
-        grads = dict(zip(names, got))
-    return out, state, grads
-
-
-def reference_name(case: Case, mode: str, subject: str = "") -> str:
-    """The fp64 reference for ``case``; in auto mode never the backend under test itself, so the
-    chunked reference is always judged by the oracle and vice versa."""
-    if mode != "auto":
-        return mode
-    name = "oracle" if case.total_tokens <= ORACLE_MAX_TOKENS else "chunked"
-    if name == subject:
-        name = "chunked" if name == "oracle" else "oracle"
-    return name
-
-
-def compute_expected(case: Case, opts: RunOptions, ref_name: str) -> Expected:
-    t0 = time.perf_counter()
-    base = make_inputs(case, opts.device)
-    names = grad_inputs(case) if case.backward else []
-    ref = get_backend(ref_name)
-    float_names = [n for n, x in base.items() if x is not None and x.is_floating_point()]
-    ref_inputs = _leaves(base, float_names, F64) if names else {
-        n: (x.to(F64) if n in float_names else x) for n, x in base.items()
-    }
-    with torch.set_grad_enabled(bool(names)):
-        out, state, grads = _forward_backward(ref, case, ref_inputs, names, opts.device)
-    exp = Expected(
-        out=to_packed(out, case).detach().to(F64), state=state.detach().to(F64),
-        grads={n: (g.detach() if g is not None else None) for n, g in grads.items()}, reference=ref_name,
-    )
-    if opts.baseline:
-        bl = get_backend("baseline")
-        bl_inputs = _leaves(base, names) if names else base
-        with torch.set_grad_enabled(bool(names)):
-            b_out, b_state, b_grads = _forward_backward(bl, case, bl_inputs, names, opts.device)
-        exp.baseline_err["out"] = compare.rel_rms(to_packed(b_out, case), exp.out)
-        exp.baseline_err["state"] = compare.rel_rms(b_state, exp.state)
-        for n, g in b_grads.items():
-            if g is not None and exp.grads.get(n) is not None:
-                exp.baseline_err[GRAD_NAMES[n]] = compare.rel_rms(g, exp.grads[n])
-    exp.seconds = time.perf_counter() - t0
-    return exp
-
-
 # --- one case x one backend ----------------------------------------------------------------------
 
 
@@ -266,19 +156,16 @@ class CaseRunner:
         return list(results)
 
     def _run(self, case: Case, backend: Backend, backend_spec: str, verdict: Verdict, base_results) -> None:
-        base = dict(
-            case=case.id, backend=backend_spec, op=case.op, io_dtype=case.io_dtype, layout=case.layout,
-            gate=case.gate, tokens=case.total_tokens, max_len=case.max_len, tier=case.tier,
-            repro=repro_command(case, backend_spec),
-        )
+        # Every result of this task is made by task.task_result: base(check=..., status=..., ...).
+        base = functools.partial(task_result, case, backend_spec)
         results = base_results
         if not verdict.runnable:
-            results += [Result(check=c, status="skip", reason=verdict.reason, **base) for c in checks_for(case)]
+            results += [base(check=c, status="skip", reason=verdict.reason) for c in checks_for(case)]
             return
         try:
             exp = self.expected(case, backend_spec)
         except ReferenceFailure as exc:  # not the backend's fault: no check can be judged
-            results += [Result(check=c, status="error", reason=str(exc), **base) for c in checks_for(case)]
+            results += [base(check=c, status="error", reason=str(exc)) for c in checks_for(case)]
             return
         # Stages are guarded one by one: an exception is that stage's error result, and the stages
         # after it still run. Only a failing first call leaves nothing to judge.
@@ -301,18 +188,18 @@ class CaseRunner:
             tb = traceback.format_exc(limit=-3)
             for c in _stage_checks(case, stage):
                 if c not in done:
-                    results.append(Result(check=c, status="error", reason=reason, metrics={"traceback": tb}, **base))
+                    results.append(base(check=c, status="error", reason=reason, metrics={"traceback": tb}))
             return None
 
     def _fill_errors(self, results, case, base, reason):
         done = {r.check for r in results}
-        results += [Result(check=c, status="error", reason=reason, **base) for c in checks_for(case) if c not in done]
+        results += [base(check=c, status="error", reason=reason) for c in checks_for(case) if c not in done]
 
     def _judge(self, case, quantity, check, actual, expected, baseline, base, seconds, offsets=None):
         m = compare.metrics(actual, expected)
         if "shape_mismatch" in m:
-            return Result(check=check, status="fail", reason=f"shape mismatch: {m['shape_mismatch']}",
-                          metrics=m, seconds=seconds, **base)
+            return base(check=check, status="fail", reason=f"shape mismatch: {m['shape_mismatch']}",
+                          metrics=m, seconds=seconds)
         verdict = compare.judge(case.op, case.io_dtype, quantity, m["rel_rms"], baseline,
                                 max_abs=m["max_abs"] if not (m["nan"] or m["inf"]) else None)
         m.update({k: v for k, v in verdict.items() if k != "passed"})
@@ -320,7 +207,7 @@ class CaseRunner:
             m.update(compare.localize(actual, expected, offsets, verdict["limit"]))
         ref_bad = int((~torch.isfinite(expected)).sum())
         if verdict["passed"]:
-            return Result(check=check, status="pass", metrics=m, seconds=seconds, **base)
+            return base(check=check, status="pass", metrics=m, seconds=seconds)
         if m["nan"] or m["inf"]:
             reason = f"{m['nan']} NaN / {m['inf']} Inf in {quantity} (unwritten output, out-of-bounds read or overflow)"
             if ref_bad:
@@ -330,7 +217,7 @@ class CaseRunner:
                       f"(threshold {verdict['threshold']:.1e}, baseline {_fmt(baseline)})")
         if m.get("first_bad_token") is not None:
             reason += f"; diverges at token {m['first_bad_token']}, worst seq {m['worst_seq']}, head {m['worst_head']}"
-        return Result(check=check, status="fail", reason=reason, metrics=m, seconds=seconds, **base)
+        return base(check=check, status="fail", reason=reason, metrics=m, seconds=seconds)
 
     def _forward(self, case, backend, verdict, base, exp, results):
         opts = self.opts
@@ -352,20 +239,19 @@ class CaseRunner:
                                    base, seconds))
         grads = {}
         if names:
-            got = torch.autograd.grad(_loss(case, out, state, opts.device), [inputs[n] for n in names],
+            got = torch.autograd.grad(weighted_loss(case, out, state, opts.device), [inputs[n] for n in names],
                                       allow_unused=True)
             grads = dict(zip(names, got))
         if case.backward:
             for n in grad_inputs(case):
                 check = f"grad_{n}"
                 if not verdict.backward:
-                    results.append(Result(check=check, status="skip", reason=verdict.backward_reason or
-                                          "backend has no backward for this case", **base))
+                    results.append(base(check=check, status="skip", reason=verdict.backward_reason or
+                                          "backend has no backward for this case"))
                     continue
                 got, want = grads.get(n), exp.grads.get(n)
                 if got is None:
-                    results.append(Result(check=check, status="fail", reason=f"backend returned no gradient for {n}",
-                                          **base))
+                    results.append(base(check=check, status="fail", reason=f"backend returned no gradient for {n}"))
                     continue
                 q = GRAD_NAMES[n]
                 results.append(self._judge(case, q, check, got, want, exp.baseline_err.get(q), base, 0.0))
@@ -378,7 +264,7 @@ class CaseRunner:
         if tuple(state.shape) != want:  # nothing sensible to carry: the backend broke the state contract
             reason = (f"cannot carry the state: backend returned final_state of shape {list(state.shape)}; "
                       f"the contract is float32 key-major [N, HO, K, V] = {list(want)}")
-            results += [Result(check=c, status="fail", reason=reason, **base)
+            results += [base(check=c, status="fail", reason=reason)
                         for c in ("continuation_ref", "continuation_self")]
             return
         chained_out, chained_state = self._continuation(case, backend, inputs)
@@ -399,12 +285,12 @@ class CaseRunner:
         with torch.set_grad_enabled(grad_mode):
             out2, state2 = backend.run(case, inputs)
         if bitwise_equal(out2, out) and bitwise_equal(state2, state):
-            results.append(Result(check="determinism", status="pass", **base))
+            results.append(base(check="determinism", status="pass"))
         else:
             diff = compare.rel_rms(to_packed(out2, case), to_packed(out, case))
-            results.append(Result(check="determinism", status="fail",
+            results.append(base(check="determinism", status="fail",
                                   reason=f"two runs differ (output rel RMS {diff:.3e} between runs)",
-                                  metrics={"rel_rms": diff}, **base))
+                                  metrics={"rel_rms": diff}))
 
     def _continuation(self, case, backend, inputs):
         outs_by_seg = []

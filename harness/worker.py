@@ -1,8 +1,8 @@
-"""``python -m deltacheck.harness.worker``: the crash-isolated worker process of a run."""
+"""``python -m deltacheck.harness.worker``: the crash-isolated worker process of a run (see ``pool``)."""
 
 import sys
 
-from deltacheck.harness.orchestrate import worker_main
+from deltacheck.harness.pool import worker_main
 
 if __name__ == "__main__":
     sys.exit(worker_main())

@@ -13,7 +13,7 @@ sums of log-decay ``[i..j] := sum_{j<t<=i} g_t`` (always <= 0, so every ``exp`` 
     o  = M U~ + (q * exp([i..start]) - M W~) S0          (q pre-scaled by ``scale``)
     S1 = (Diag exp([end..start]) - k^^T W~) S0 + k^^T U~,   k^ = k * exp([end..j])
 
-Numerics (semantics.md, "Numerics of a chunked reference"): nothing ever forms exp(-G). A and M are
+Numerics (docs/ops.md, "The two reference methods"): nothing ever forms exp(-G). A and M are
 built by recursive halving of the chunk: at level s, the rows of the second half of each aligned 2s-block
 meet the columns of its first half through the anchor r = last row of the first half, so
 ``exp([i..j]) = exp([i..r]) * exp([r..j])`` with both factors <= 1; the diagonal (s = 0) is exp(0) = 1.

@@ -186,7 +186,7 @@ def compare_runs(old: Run, new: Run, factor: float = DEFAULT_FACTOR, floor: floa
 
     def gate_text(g: dict | None) -> str:
         if g is None:
-            return "not gated"
+            return "no availability record"
         text = "available" if g.get("runnable") else f"not available: {g.get('reason') or 'no reason given'}"
         return text + (" (required)" if g.get("required") else "")
 

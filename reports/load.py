@@ -1,4 +1,4 @@
-"""Reading a run directory back: the header, the gate records, the results, the end record, and every
+"""Reading a run directory back: the header, the availability records (kind "gate"), the results, the end record, and every
 line that could not be used (with its line number), so a report can render what survived.
 
 Only ``deltacheck.harness.results`` is imported from the harness: the JSONL stream is the whole
@@ -166,7 +166,7 @@ def _read_into(run: Run, results_file: Path, problem) -> bool:
             run.header = rec
         elif kind == "gate":
             if not rec.get("backend") or not rec.get("op"):
-                problem(lineno, "gate record without backend or op")
+                problem(lineno, "availability (gate) record without backend or op")
                 continue
             run.gates.append(rec)
         elif kind == "result":

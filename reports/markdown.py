@@ -34,7 +34,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
     out: list[str] = [f"# deltacheck run {run.get('run_id') or run['directory']}: {summary['verdict']}", ""]
 
     if summary["required_failures"]:
-        derived = " (derived from the gate records: the run has no end record)" \
+        derived = " (derived from the availability records: the run has no end record)" \
             if summary.get("required_failures_derived") else ""
         out.append(f"**Required backend × op pairs failed{derived}:**")
         out.append("")
@@ -145,7 +145,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
               "; ".join(x for x in [g["reason"], *g["notes"]] if x)] for g in summary["gates"]],
         )
     else:
-        out.append("The run recorded no gate records.")
+        out.append("The run recorded no availability records.")
     out.append("")
 
     if summary["input_problems"]:

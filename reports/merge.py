@@ -4,7 +4,7 @@ For a tier split across CI runners (``-k`` shards, one op per job), or a run tha
 finished by a second run of what it had not reached. The merged ``results.jsonl`` holds:
 
 - the first run's header, plus ``merged_from`` (each input's run id, start, argv, commit, fingerprint);
-- one gate record per backend x op, the first input's (inputs of one environment agree);
+- one availability record (kind "gate") per backend x op, the first input's (inputs of one environment agree);
 - one result per (case, backend, check): the **last** input that has it wins, so a rerun replaces the
   interrupted attempt it repeats; results keep the order in which they were first seen;
 - an end record only when every input finished — otherwise the merged run says it did not finish.

@@ -15,11 +15,11 @@ import torch
 from doubles import cudnn_la, fla_ops
 
 from deltacheck.cases import Case, make_inputs
-from deltacheck.harness import gate
-from deltacheck.harness.backends import cudnn as cudnn_adapter
-from deltacheck.harness.backends import fla as fla_adapter
+from deltacheck.harness import environment as gate
 from deltacheck.harness.backends import reference as ref_backends
 from deltacheck.harness.backends.base import Verdict, get_backend
+from deltacheck.harness.backends.cudnn import adapter as cudnn_adapter
+from deltacheck.harness.backends.fla import adapter as fla_adapter
 
 TOL = 1e-12
 ENV = gate.Env(cuda=True, device_name="NVIDIA B200 (test double)", capability=(10, 0),
@@ -28,8 +28,9 @@ ENV = gate.Env(cuda=True, device_name="NVIDIA B200 (test double)", capability=(1
 
 @pytest.fixture
 def open_gate(monkeypatch):
-    """The gate's floors have their own tests; here the doubles stand in for a capable machine."""
-    monkeypatch.setattr(gate, "pair_verdict", lambda backend, op, env: Verdict.ok())
+    """Our floors have their own tests (test_availability.py); here the doubles stand in for a capable machine."""
+    for adapter in (cudnn_adapter.CudnnBackend, fla_adapter.FlaBackend):
+        monkeypatch.setattr(adapter, "pair_verdict", lambda self, op, env: Verdict.ok())
 
 
 # A handful of cases per op: all four layouts, MHA/GQA/GVA, ragged thd with 0- and 1-token sequences,
@@ -281,7 +282,7 @@ def test_cudnn_not_installed(open_gate, monkeypatch):
     monkeypatch.setitem(sys.modules, "cudnn", None)  # `import cudnn` now raises ModuleNotFoundError
     verdict = cudnn_adapter.CudnnBackend().check(_cases("gdn")[0], ENV)
     assert not verdict.runnable
-    assert verdict.reason == "nvidia-cudnn-frontend is not installed (pip install 'deltacheck[cudnn]')"
+    assert verdict.reason == "cudnn:gdn: nvidia-cudnn-frontend is not installed (pip install 'deltacheck[cudnn]')"
 
 
 def test_cudnn_op_missing_names_attribute_and_version(open_gate):
@@ -461,7 +462,7 @@ def test_fla_not_installed_sets_dispatch_env_first(open_gate, monkeypatch):
     monkeypatch.setitem(sys.modules, "fla", None)
     verdict = fla_adapter.FlaBackend().check(_cases("kda")[0], ENV)
     assert not verdict.runnable
-    assert verdict.reason == "fla-core is not installed (pip install 'deltacheck[fla]')"
+    assert verdict.reason == "fla:kda: fla-core is not installed (pip install 'deltacheck[fla]')"
     import os
 
     assert os.environ[fla_adapter.DISPATCH_ENV] == "1"
@@ -518,8 +519,9 @@ def test_fla_gate_verdict_comes_first():
 @pytest.mark.parametrize("make_backend", [cudnn_backend, fla_backend], ids=["cudnn", "fla"])
 def test_gate_verdict_is_merged_not_dropped(monkeypatch, make_backend):
     """The gate's own backward refusal and notes survive the library's (runnable) answer."""
-    monkeypatch.setattr(gate, "pair_verdict", lambda backend, op, env: Verdict.ok(
-        "KNOWN-WRONG: gate note", backward=False, backward_reason="gate: backward refused"))
+    for adapter in (cudnn_adapter.CudnnBackend, fla_adapter.FlaBackend):
+        monkeypatch.setattr(adapter, "pair_verdict", lambda self, op, env: Verdict.ok(
+            "KNOWN-WRONG: gate note", backward=False, backward_reason="gate: backward refused"))
     verdict = make_backend().check(_cases("kda")[4].replace(backward=True), ENV)
     assert verdict.runnable and not verdict.backward
     assert "gate: backward refused" in verdict.backward_reason

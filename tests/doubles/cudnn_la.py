@@ -1,6 +1,6 @@
 """A contract double of ``cudnn.linear_attention`` (cuDNN frontend 1.32), computed with our reference.
 
-What it pins (from the FE 1.32 sources, see .notes/libs.md):
+What it pins (from the FE 1.32 sources, see docs/libraries.md):
 
 - entry points ``gated_delta_net``, ``kimi_delta_attention``, ``gated_delta_net_v2`` with the exact
   parameter lists (``gate_lower_bound`` sits before ``gate_domain`` in KDA, after it in GDN2);

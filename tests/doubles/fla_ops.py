@@ -1,6 +1,6 @@
 """A contract double of FLA 0.6's ops (``fla.ops`` + ``fla.ops.gdn2``), computed with our reference.
 
-What it pins (from the fla-core 0.6.0 sources, see .notes/libs.md):
+What it pins (from the fla-core 0.6.0 sources, see docs/libraries.md):
 
 - exact signatures of ``chunk_gated_delta_rule``, ``chunk_kda``, ``chunk_gdn2`` and the
   ``fused_recurrent_*`` trio (``A_log``/``dt_bias`` through ``**kwargs`` for the chunk ops);

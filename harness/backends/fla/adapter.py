@@ -19,33 +19,27 @@ FLA's conventions, and what the adapter does about each:
   another package's kernel; it is read once, at import, so an earlier import is recorded in the notes.
 - FLA's own refusal — the GDN backward on Hopper with 3.4.0 <= Triton < 3.7.1 (its issue #640) — is
   read from FLA's own flags and becomes ``backward=False`` with the reason, not a crash.
+
+Our floors and the entry points live beside this file, in ``facts.py``.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 import sys
 
 import torch
 
-from .. import gate
-from .base import Verdict, register
+from deltacheck.harness.availability import floors_then_library
 
-INSTALL_HINT = "fla-core is not installed (pip install 'deltacheck[fla]')"
+from ..base import Verdict
+from ..loading import Library, load_entry_point
+from . import facts
+from .facts import CHUNK, INSTALL_HINT, RECURRENT
+
 DISPATCH_ENV = "FLA_DISABLE_BACKEND_DISPATCH"
-
-# op -> (module, function) for each flavour. chunk_gdn2 is not re-exported by fla.ops in 0.6.
-CHUNK = {
-    "gdn": ("fla.ops", "chunk_gated_delta_rule"),
-    "kda": ("fla.ops", "chunk_kda"),
-    "gdn2": ("fla.ops.gdn2", "chunk_gdn2"),
-}
-RECURRENT = {
-    "gdn": ("fla.ops", "fused_recurrent_gated_delta_rule"),
-    "kda": ("fla.ops", "fused_recurrent_kda"),
-    "gdn2": ("fla.ops.gdn2", "fused_recurrent_gdn2"),
-}
 
 
 def _to_btd(x: torch.Tensor, layout: str) -> torch.Tensor:
@@ -92,8 +86,11 @@ class FlaBackend:
 
     ops = frozenset(CHUNK)
 
-    def __init__(self, module=None, *, recurrent: bool = False):
+    version_key = "fla"  # Env.versions key of the distribution (environment.VERSION_KEYS)
+
+    def __init__(self, module=None, *, recurrent: bool = False, importer=None):
         self._module = module
+        self._importer = importer or importlib.import_module
         self.recurrent = recurrent
         self.name = "fla-recurrent" if recurrent else "fla"
         self._entry = RECURRENT if recurrent else CHUNK
@@ -104,7 +101,7 @@ class FlaBackend:
         """Import FLA with backend dispatch off; note it when that cannot be guaranteed."""
         already = "fla" in sys.modules
         os.environ.setdefault(DISPATCH_ENV, "1")
-        fla = importlib.import_module("fla")
+        fla = self._importer("fla")
         notes = []
         if os.environ.get(DISPATCH_ENV) != "1":
             notes.append(f"{DISPATCH_ENV}={os.environ.get(DISPATCH_ENV)!r} in the environment (not '1'): "
@@ -116,16 +113,26 @@ class FlaBackend:
         self._import_notes = tuple(notes)
         return fla
 
+    def _import(self, name: str):
+        """``name`` (an FLA module) through the importer, FLA itself first with dispatch off; a double as is."""
+        if self._module is not None:
+            return self._module
+        self._import_fla()
+        return self._importer(name)
+
     def _function(self, op: str):
         module_name, attr = self._entry[op]
-        if self._module is not None:
-            return getattr(self._module, attr)
-        self._import_fla()
-        return getattr(importlib.import_module(module_name), attr)
+        return getattr(self._import(module_name), attr)
 
     def _version(self) -> str:
         source = self._module if self._module is not None else sys.modules.get("fla")
-        return str(getattr(source, "__version__", "unknown version"))
+        version = getattr(source, "__version__", None)
+        if version is None:
+            try:
+                version = importlib.metadata.version("fla-core")
+            except importlib.metadata.PackageNotFoundError:
+                version = "unknown version"
+        return str(version)
 
     def _hopper_guard(self) -> str | None:
         """FLA's own refusal of the gated backward on Hopper (fla/ops/common/chunk_o.py, issue #640).
@@ -168,23 +175,27 @@ class FlaBackend:
         return None
 
     # ------------------------------------------------------------------ can it run?
+    def pair_verdict(self, op: str, env) -> Verdict:
+        """Our floors for this flavour and op from the Env alone (facts.py); no import of FLA."""
+        return facts.pair_verdict(self.name, op, env)
+
     def check(self, case, env) -> Verdict:
-        return gate.floors_then_library(self.name, case.op, env, lambda: self._library_verdict(case))
+        return floors_then_library(self.pair_verdict(case.op, env), lambda: self._library_verdict(case))
+
+    def load(self, op: str) -> Verdict:
+        """Import FLA (dispatch off) and look up the op's entry point: ok, or a decline with the fix."""
+        if op not in self.ops:
+            return Verdict.no(f"{self.name} serves {sorted(self.ops)}, not {op!r}")
+        module_name, attr = self._entry[op]
+        library = Library("fla-core", self._version(), facts.INSTALL, INSTALL_HINT)
+        _, verdict = load_entry_point(f"{self.name}:{op}", op, module_name, attr, library, self._import)
+        return verdict
 
     def _library_verdict(self, case) -> Verdict:
-        if case.op not in self.ops:
-            return Verdict.no(f"{self.name} serves {sorted(self.ops)}, not {case.op!r}")
-        module_name, attr = self._entry[case.op]
-        try:
-            self._function(case.op)
-        except ModuleNotFoundError as exc:
-            if exc.name == "fla":
-                return Verdict.no(INSTALL_HINT)
-            return Verdict.no(f"cannot import {module_name}: {type(exc).__name__}: {exc}")
-        except AttributeError:
-            return Verdict.no(f"{module_name}.{attr} not found in fla-core {self._version()}")
-        except Exception as exc:  # noqa: BLE001 - an import-time failure (triton, CUDA) is a decline
-            return Verdict.no(f"cannot import {module_name}: {type(exc).__name__}: {exc}")
+        loaded = self.load(case.op)
+        if not loaded.runnable:
+            return loaded
+        attr = self._entry[case.op][1]
         reason = self._unsupported(case)
         if reason:
             return Verdict.no(reason)
@@ -258,13 +269,3 @@ class FlaBackend:
         else:
             o, final_state = fn(q, k, v, g, beta, **kwargs)
         return _from_btd(o, layout), _state_from_fla(final_state)
-
-
-@register("fla")
-def _fla() -> FlaBackend:
-    return FlaBackend()
-
-
-@register("fla-recurrent")
-def _fla_recurrent() -> FlaBackend:
-    return FlaBackend(recurrent=True)

@@ -1,11 +1,12 @@
-"""The arch/runtime gate and required mode (issue #6). CPU only: every machine and library is a fake.
+"""Availability (our floors per backend, the libraries' import checks) and required mode (issue #6). CPU only:
+every machine and library is a fake.
 
 How the situations are modelled:
 - the machine is an ``Env`` built directly (``blackwell()`` / ``hopper()`` / ``no_gpu()`` below, then
   ``with_(...)`` to break one thing) or from a fake ``Finder`` (the probe tests);
 - "package present but op attribute missing" and "the backend raises on import" are a fake
-  ``importer`` handed to ``load_op`` / ``check_pair`` (a module object without the attribute, or a
-  function that raises), never the real libraries;
+  ``importer`` handed to the adapter whose ``load`` / ``library_verdict`` runs it (a module object without
+  the attribute, or a function that raises), never the real libraries;
 - "required" means the pair is in ``required_failures``'s ``required``; "not required" means the gate
   verdict is a skip carrying the same reason. Either way, never a silent pass.
 """
@@ -20,22 +21,35 @@ from dataclasses import replace
 
 import pytest
 
-from deltacheck.harness import cli, gate
+from deltacheck.harness import cli
+from deltacheck.harness import environment as gate
+from deltacheck.harness.availability import library_verdict, pair_verdict
 from deltacheck.harness.backends.base import Verdict
-from deltacheck.harness.gate import (
-    Env,
-    Finder,
+from deltacheck.harness.backends.cudnn import CudnnBackend
+from deltacheck.harness.backends.fla import FlaBackend
+from deltacheck.harness.backends.loading import Library, load_entry_point
+from deltacheck.harness.environment import Env, Finder, probe_env
+from deltacheck.harness.required import (
     RequiredModeError,
     RequireSpecError,
-    check_pair,
     format_required_report,
-    load_op,
-    pair_verdict,
-    probe_env,
     required_failures,
     required_pairs,
     required_spec,
 )
+
+
+def adapter(name: str, importer):
+    """The fused adapter ``name`` importing through ``importer`` (a fake module, or one that raises)."""
+    if name == "cudnn":
+        return CudnnBackend(importer=importer)
+    return FlaBackend(recurrent=name == "fla-recurrent", importer=importer)
+
+
+def check_pair(backend: str, op: str, env: Env, importer) -> Verdict:
+    """Floors, then the adapter's import of the library through ``importer``."""
+    return library_verdict(adapter(backend, importer), backend, op, env)
+
 
 GOOD_VERSIONS = {
     "torch": "2.13.0",
@@ -174,13 +188,16 @@ SITUATIONS = {
         ("fla", "gdn"),
         blackwell(),
         lambda name: (_ for _ in ()).throw(RuntimeError("Triton kernel registry broken")),
-        ["importing fla.ops.gated_delta_rule raised RuntimeError: Triton kernel registry broken"],
+        # fla.ops, where the adapter finds chunk_gated_delta_rule (the old gate table said
+        # fla.ops.gated_delta_rule: the two copies disagreed, the adapter's path is what runs)
+        ["importing fla.ops raised RuntimeError: Triton kernel registry broken"],
     ),
     "module-not-found-on-import": (
         ("cudnn", "gdn"),
         blackwell(),
         lambda name: (_ for _ in ()).throw(ModuleNotFoundError("No module named 'cudnn'", name="cudnn")),
-        ["cannot import cudnn.linear_attention", "pip install"],
+        # one message for "the package is absent", the adapter's (the gate's copy worded it differently)
+        ["nvidia-cudnn-frontend is not installed", "pip install"],
     ),
     "subpackage-missing-on-import": (
         ("cudnn", "gdn"),
@@ -393,7 +410,7 @@ def test_fla_recurrent_is_gated_like_fla_without_the_backward_guard():
     assert_skips(("fla-recurrent", "gdn2"), pair_verdict("fla-recurrent", "gdn2", blackwell(fla=None)),
                  "fla-recurrent:gdn2: fla-core is not installed")
     assert pair_verdict("fla-recurrent", "gdn", hopper(triton="3.5.0")).backward
-    _, v = load_op("fla-recurrent", "gdn2", lambda name: types.ModuleType(name))
+    v = adapter("fla-recurrent", lambda name: types.ModuleType(name)).load("gdn2")
     assert "fla.ops.gdn2 has no fused_recurrent_gdn2" in v.reason
     assert required_pairs({"DELTACHECK_REQUIRE": "fla-recurrent:kda"}) == {("fla-recurrent", "kda")}
 
@@ -414,10 +431,23 @@ def test_load_op_happy_path_and_third_party():
     def fn(*a):
         return "ran"
 
-    got, v = load_op("fla", "kda", lambda name: types.SimpleNamespace(chunk_kda=fn))
+    library = Library("fla-core", "0.6.0", "pip install -U 'fla-core>=0.6'", "fla-core is not installed")
+    got, v = load_entry_point("fla:kda", "kda", "fla.ops", "chunk_kda", library,
+                              lambda name: types.SimpleNamespace(chunk_kda=fn))
     assert got is fn and v.runnable
-    assert load_op("mypkg:Obj", "gdn", lambda name: 1 / 0) == (None, Verdict.ok())
-    _, v = load_op("cudnn", "gdn", lambda name: types.SimpleNamespace(gated_delta_net=42))
+    assert adapter("fla", lambda name: types.SimpleNamespace(chunk_kda=fn)).load("kda") == Verdict.ok()
+
+    class ThirdParty:  # no floors, no load(): its own check() decides
+        name, ops = "mine", frozenset({"gdn"})
+
+        def check(self, case, env):
+            return Verdict.ok()
+
+        def run(self, case, inputs):
+            raise AssertionError("not called")
+
+    assert library_verdict(ThirdParty(), "mypkg:Obj", "gdn", no_gpu()) == Verdict.ok()
+    v = adapter("cudnn", lambda name: types.SimpleNamespace(gated_delta_net=42)).load("gdn")
     assert not v.runnable and "not callable" in v.reason
 
 
@@ -426,7 +456,7 @@ def test_load_op_lazy_export_that_raises_is_a_decline():
         def __getattr__(self, name):
             raise ImportError("cutlass._mlir missing")
 
-    _, v = load_op("cudnn", "gdn2", lambda name: Lazy())
+    v = adapter("cudnn", lambda name: Lazy()).load("gdn2")
     assert not v.runnable and "loading cudnn.linear_attention.gated_delta_net_v2 raised ImportError" in v.reason
 
 

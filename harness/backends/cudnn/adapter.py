@@ -16,28 +16,26 @@ What this file does, in the order a call goes through it:
 of the case (and runs its backward when the case needs it) and turns ``cudnnGraphNotSupportedError`` —
 whose message lists every engine's reason — into a decline. Decisions are cached per configuration.
 
-Importing this module never imports cuDNN: that happens on the first ``check``/``run``.
+Importing this module never imports cuDNN: that happens on the first ``check``/``run``. Our floors and the
+entry points live beside it, in ``facts.py``.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 
 import torch
 
-from .. import gate
-from .base import Verdict, register
+from deltacheck.harness.availability import floors_then_library
 
-INSTALL_HINT = "nvidia-cudnn-frontend is not installed (pip install 'deltacheck[cudnn]')"
+from ..base import Verdict
+from ..loading import Library, load_entry_point
+from . import facts
+from .facts import ENTRY_POINTS, INSTALL_HINT
+
 PLAN_ENV = "DELTACHECK_CUDNN_PLAN"
-
-# op -> the cudnn.linear_attention entry point that serves it.
-ENTRY_POINTS = {
-    "gdn": "gated_delta_net",
-    "kda": "kimi_delta_attention",
-    "gdn2": "gated_delta_net_v2",
-}
 
 _F32, _BF16, _F16 = torch.float32, torch.bfloat16, torch.float16
 
@@ -143,23 +141,38 @@ class CudnnBackend:
     name = "cudnn"
     ops = frozenset(ENTRY_POINTS)
 
-    def __init__(self, module=None, *, package=None, plan_name: str | None = None, device="cuda"):
+    version_key = "cudnn_frontend"  # Env.versions key of the distribution (environment.VERSION_KEYS)
+
+    def __init__(self, module=None, *, package=None, plan_name: str | None = None, device="cuda",
+                 importer=None):
         self._module = module
         self._package = package if package is not None else module
+        self._importer = importer or importlib.import_module
         self.plan_name = plan_name if plan_name is not None else (os.environ.get(PLAN_ENV) or None)
         self.device = device
         self._probe_cache: dict[tuple, Verdict] = {}
 
     # ------------------------------------------------------------------ the library
-    def _load(self):
-        """(linear_attention module, top-level package); raises ImportError/OSError as the import does."""
+    def _import(self, name: str):
+        """``name`` through the importer; the top-level package too (its version, its decline error)."""
         if self._module is None:
-            self._package = importlib.import_module("cudnn")
-            self._module = importlib.import_module("cudnn.linear_attention")
-        return self._module, self._package
+            package = self._importer(name.split(".")[0])
+            self._module = self._importer(name)
+            self._package = package
+        return self._module
+
+    def _load(self):
+        """(linear_attention module, top-level package); raises as the import does."""
+        return self._import(facts.MODULE), self._package
 
     def _version(self) -> str:
-        return str(getattr(self._package, "__version__", "unknown version"))
+        version = getattr(self._package, "__version__", None)
+        if version is None:
+            try:
+                version = importlib.metadata.version(facts.DIST)
+            except importlib.metadata.PackageNotFoundError:
+                version = "unknown version"
+        return str(version)
 
     def _op(self, case):
         module, _ = self._load()
@@ -210,32 +223,25 @@ class CudnnBackend:
         return out, final_state
 
     # ------------------------------------------------------------------ can it run?
+    def pair_verdict(self, op: str, env) -> Verdict:
+        """Our floors for ``cudnn:op`` from the Env alone (facts.py); no import of cuDNN."""
+        return facts.pair_verdict(op, env)
+
     def check(self, case, env) -> Verdict:
-        return gate.floors_then_library(self.name, case.op, env, lambda: self._library_verdict(case))
+        return floors_then_library(self.pair_verdict(case.op, env), lambda: self._library_verdict(case))
+
+    def load(self, op: str) -> Verdict:
+        """Import cuDNN and look up the op's entry point: ok, or a decline naming what is missing and the fix."""
+        if op not in self.ops:
+            return Verdict.no(f"cudnn serves {sorted(self.ops)}, not {op!r}")
+        library = Library(facts.DIST, self._version(), facts.INSTALL, INSTALL_HINT)
+        _, verdict = load_entry_point(f"cudnn:{op}", op, facts.MODULE, ENTRY_POINTS[op], library, self._import)
+        return verdict
 
     def _library_verdict(self, case) -> Verdict:
-        if case.op not in self.ops:
-            return Verdict.no(f"cudnn serves {sorted(self.ops)}, not {case.op!r}")
-        try:
-            module, _ = self._load()
-        except ModuleNotFoundError as exc:
-            if exc.name == "cudnn":
-                return Verdict.no(INSTALL_HINT)
-            if exc.name == "cudnn.linear_attention":
-                return Verdict.no(f"cudnn.linear_attention not found in nvidia-cudnn-frontend {self._version()} "
-                                  "(the linear-attention ops arrived in 1.28; pip install -U 'deltacheck[cudnn]')")
-            return Verdict.no(f"cannot import cudnn.linear_attention: {type(exc).__name__}: {exc}")
-        except (ImportError, OSError) as exc:
-            return Verdict.no(f"cannot import cudnn.linear_attention: {type(exc).__name__}: {exc}")
-        attr = ENTRY_POINTS[case.op]
-        try:
-            getattr(module, attr)
-        except AttributeError:
-            return Verdict.no(f"cudnn.linear_attention.{attr} not found in nvidia-cudnn-frontend {self._version()}")
-        except Exception as exc:  # noqa: BLE001 - the lazy export imports the op's module here
-            return Verdict.no(f"cudnn.linear_attention.{attr} failed to import "
-                              f"(nvidia-cudnn-frontend {self._version()}): {type(exc).__name__}: {exc}")
-
+        loaded = self.load(case.op)
+        if not loaded.runnable:
+            return loaded
         key = self._probe_key(case)
         if key not in self._probe_cache:
             self._probe_cache[key] = self._probe(case)
@@ -252,7 +258,7 @@ class CudnnBackend:
     def _probe(self, case) -> Verdict:
         """Ask the library: call the op (and its backward, if needed) on a one-token version of the case."""
         # cases sit left of harness (allowed); imported here so importing this module stays light.
-        from ...cases import make_inputs
+        from deltacheck.cases import make_inputs
 
         probe_case = self._probe_case(case)
         inputs = make_inputs(probe_case, device=self.device)
@@ -292,8 +298,3 @@ def _looks_like_compile_error(exc: Exception) -> bool:
     """cuda.tile / CuTe DSL compile failures (no common base class): judge by name and message."""
     text = f"{type(exc).__name__} {exc}".lower()
     return "tileiras" in text or "compil" in type(exc).__name__.lower()
-
-
-@register("cudnn")
-def _cudnn() -> CudnnBackend:
-    return CudnnBackend()

@@ -1,0 +1,140 @@
+"""Availability: whether a backend x op pair, and then a case, can run here — and why not.
+
+Verdicts come from three places, always in this order (docs/backends.md):
+
+1. our floors and facts, from the ``Env`` alone (an adapter's optional ``pair_verdict(op, env)``; the fused
+   adapters keep theirs in ``harness/backends/<name>/facts.py``; no library is imported);
+2. the library itself (the adapter's ``check(case, env)``: import, entry point, the library's own planner);
+3. per case, every decline and every refused backward carries a reason: a silent one would be a silent skip.
+
+``merge_verdicts`` joins verdicts (all must hold); ``gathered`` turns a list of unmet requirements into one
+verdict that names each, Lightning-``RunIf`` style.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from deltacheck.cases.support import OPS
+
+from .backends.base import Backend, BackendLoadError, Verdict, get_backend
+
+
+def merge_verdicts(*verdicts: Verdict) -> Verdict:
+    """All must hold: reasons, backward reasons and notes are concatenated (duplicates dropped)."""
+
+    def join(parts: Iterable[str]) -> str:
+        return " | ".join(dict.fromkeys(p for p in parts if p))
+
+    runnable = all(v.runnable for v in verdicts)
+    reason = join(v.reason for v in verdicts if not v.runnable)
+    backward = all(v.backward for v in verdicts)
+    backward_reason = join(v.backward_reason for v in verdicts if not v.backward)
+    notes = tuple(dict.fromkeys(n for v in verdicts for n in v.notes))
+    return Verdict(runnable, reason, backward, backward_reason, notes)
+
+
+def gathered(pair: str, unmet: list[str], notes: list[str], *, backward_reason: str = "") -> Verdict:
+    """Every unmet requirement of ``pair`` in one verdict: ``cudnn:gdn2 cannot run: (1) … (2) …``."""
+    if unmet:
+        if len(unmet) == 1:
+            item = unmet[0]
+            reason = f"{pair} {item}" if item.startswith("needs ") else f"{pair}: {item}"
+        else:
+            reason = f"{pair} cannot run: " + " ".join(f"({i}) {u}" for i, u in enumerate(unmet, 1))
+        return Verdict(False, reason, False, reason, tuple(notes))
+    if backward_reason:
+        return Verdict.ok(*notes, backward=False, backward_reason=backward_reason)
+    return Verdict.ok(*notes)
+
+
+def no_cuda_reason(env) -> str:
+    extra = f" ({env.probe_errors['cuda']})" if env.probe_errors.get("cuda") else ""
+    return f"needs a CUDA GPU — torch.cuda.is_available() is False{extra}; run on a GPU runner"
+
+
+def floors_then_library(floors: Verdict, library: Callable[[], Verdict]) -> Verdict:
+    """What a fused adapter's ``check`` returns: our floors first (no library import); only if they hold,
+    ``library()`` — what the library itself says about the case — merged in."""
+    return merge_verdicts(floors, library()) if floors.runnable else floors
+
+
+def floors_of(backend, op: str, env) -> Verdict:
+    """The backend's own floors for ``op`` (its optional ``pair_verdict`` hook), or ok when it has none."""
+    if op not in OPS:
+        return Verdict.no(f"{backend.name}:{op}: unknown op {op!r}; deltacheck's ops are {', '.join(OPS)}")
+    hook = getattr(backend, "pair_verdict", None)
+    return hook(op, env) if callable(hook) else Verdict.ok()
+
+
+def pair_verdict(spec: str, op: str, env) -> Verdict:
+    """Our floors for ``spec:op`` on ``env``, by backend name; a backend that cannot be loaded (a third
+    party's ``pkg.mod:attr`` not importable here) is its own judge later, so this says ok."""
+    if op not in OPS:
+        return Verdict.no(f"{spec}:{op}: unknown op {op!r}; deltacheck's ops are {', '.join(OPS)}")
+    try:
+        backend = get_backend(spec)
+    except BackendLoadError:
+        return Verdict.ok()
+    return floors_of(backend, op, env)
+
+
+def load_backend(spec: str) -> tuple[Backend | None, str | None]:
+    """(backend, None), or (None, why it cannot be loaded) — a backend that fails to load is a verdict."""
+    try:
+        return get_backend(spec), None
+    except BackendLoadError as exc:
+        return None, str(exc)
+
+
+def pair_availability(backend, spec: str, op: str, env) -> Verdict:
+    """The backend x op verdict before any case: it must implement the op, then its own floors."""
+    if op not in backend.ops:
+        return Verdict.no(f"{spec} does not implement {op}")
+    return floors_of(backend, op, env)
+
+
+def library_verdict(backend, spec: str, op: str, env) -> Verdict:
+    """Our floors and then, unless the package is not installed at all (an import would only repeat that), the
+    adapter's ``load(op)``: importing the library and finding the op's entry point. Every unmet requirement
+    ends up in one verdict (what ``deltacheck env --import`` shows)."""
+    floors = pair_availability(backend, spec, op, env)
+    load = getattr(backend, "load", None)
+    key = getattr(backend, "version_key", None)
+    if not callable(load) or (key is not None and env.version(key) is None):
+        return floors
+    return merge_verdicts(floors, load(op))
+
+
+def case_verdict(backend, spec: str, case, env) -> Verdict:
+    """The backend's verdict on one case (what ``check`` raises propagates), with every decline and every
+    refused backward carrying a reason: a silent one would become a silent skip."""
+    if case.op not in backend.ops:
+        return Verdict.no(f"{spec} does not implement {case.op}")
+    verdict = backend.check(case, env)
+    if not verdict.runnable and not verdict.reason:
+        return Verdict.no(f"{spec}.check() declined without giving a reason")
+    if verdict.runnable and not verdict.backward and not verdict.backward_reason:
+        return Verdict(True, "", False, f"{spec}.check() refused the backward without giving a reason",
+                       verdict.notes)
+    return verdict
+
+
+def availability_records(backend_specs: list[str], env, required) -> dict[tuple[str, str], tuple[Verdict, dict]]:
+    """Each backend x op pair's verdict and the record that reports it (``kind: "gate"`` in results.jsonl,
+    the name schema 1 gave it; docs/run-directory.md)."""
+    records: dict[tuple[str, str], tuple[Verdict, dict]] = {}
+    for spec in backend_specs:
+        backend, load_error = load_backend(spec)
+        for op in OPS:
+            if backend is None:
+                v = Verdict.no(load_error)
+            elif op not in backend.ops and (spec, op) not in required:
+                continue
+            else:
+                v = pair_availability(backend, spec, op, env)
+            records[(spec, op)] = v, {"kind": "gate", "backend": spec, "op": op, "runnable": v.runnable,
+                                      "reason": v.reason, "backward": v.backward,
+                                      "backward_reason": v.backward_reason, "notes": list(v.notes),
+                                      "required": (spec, op) in required}
+    return records

@@ -1,0 +1,152 @@
+"""cuDNN frontend facts: the distribution, entry points, version floors and engine requirements — from the
+``Env`` alone, without importing cuDNN. The adapter (``adapter.py``) asks these first, then the library.
+
+Sources (read in the nvidia-cudnn-frontend 1.30–1.32 wheels; docs/libraries.md keeps the details):
+``cudnn/frost/buffers.py`` (``CUTEDSL_MIN_VERSION``), ``cudnn/frost/engine.py`` (FROST's SM check),
+``cudnn/linear_attention/cutile/engine.py`` (``CUTILE_MIN_CUDART``), FE's ``cutile`` extra (cuda-tile >= 1.4).
+
+Policy for known-wrong versions: a version *below a floor* (its kernels are known to return garbage for
+every case, FE < 1.29 GDN NaNs) declines. A version wrong only in a known corner (FE < 1.32 GDN2 steep-decay
+NaNs) stays runnable with a ``KNOWN-WRONG`` note, so release qualification can still measure it.
+"""
+
+from __future__ import annotations
+
+from deltacheck.harness.availability import gathered, no_cuda_reason
+from deltacheck.harness.environment import Env, version_below
+
+from ..base import Verdict
+
+DIST = "nvidia-cudnn-frontend"
+INSTALL = "pip install -U 'nvidia-cudnn-frontend>=1.32'"
+INSTALL_HINT = "nvidia-cudnn-frontend is not installed (pip install 'deltacheck[cudnn]')"
+
+NAN_FLOOR = "1.29"  # GDN/GDN2 kernels below 1.29 can return NaN: decline
+GDN2_STEEP_FIX = "1.32"  # GDN2 NaN under steep per-channel decay fixed in 1.32: note, still runnable
+HOPPER_KDA = "1.30"  # the two SM90 KDA engines (kda_hopper, kda_hopper_cuda) exist from 1.30
+CUTLASS_DSL_FLOOR = "4.7.0"  # FROST's runtime check, cudnn/frost/buffers.py CUTEDSL_MIN_VERSION
+FROST_SMS = (100, 101, 102, 103, 107)  # cudnn/frost/engine.py: 100 <= sm <= 103 or sm == 107
+HOPPER_SM = 90
+CUTILE_MIN_CUDART = "13.3"  # cudnn/linear_attention/cutile/engine.py CUTILE_MIN_CUDART = 13030
+CUDA_TILE_FLOOR = "1.4"  # FE's `cutile` extra pins cuda-tile>=1.4
+
+# op -> the cudnn.linear_attention entry point (lazy exports of cudnn/linear_attention/__init__.py).
+MODULE = "cudnn.linear_attention"
+ENTRY_POINTS = {
+    "gdn": "gated_delta_net",
+    "kda": "kimi_delta_attention",
+    "gdn2": "gated_delta_net_v2",
+}
+
+FLOORS = {
+    f"{DIST} (gdn, gdn2: NaN below)": NAN_FLOOR,
+    f"{DIST} (gdn2 steep-decay fix; below = KNOWN-WRONG note)": GDN2_STEEP_FIX,
+    f"{DIST} (kda Hopper engines)": HOPPER_KDA,
+    "nvidia-cutlass-dsl (FROST)": CUTLASS_DSL_FLOOR,
+    "FROST SMs": FROST_SMS,
+    "CUDA runtime (cuTile)": CUTILE_MIN_CUDART,
+    "cuda-tile (cuTile)": CUDA_TILE_FLOOR,
+}
+
+
+def _frost_arch(env: Env) -> str:
+    return (
+        f"needs SM100/101/102/103/107 (Blackwell, FROST engines) — found {env.device()}; "
+        "run on a B200/GB200/B300 runner"
+    )
+
+
+def _cutlass_dsl_unmet(env: Env) -> list[str]:
+    """Mirrors FROST's own check: the module must resolve, and the public wheel must be >= 4.7.0
+    (an internal build's numbering, or an unreadable version, is not judged)."""
+    v = env.version("cutlass_dsl")
+    fix = "pip install -U 'nvidia-cutlass-dsl>=4.7'"
+    if not env.importable.get("cutlass", False):
+        found = f" (the {v} distribution is installed but `cutlass` does not resolve)" if v else " is not installed"
+        return [f"nvidia-cutlass-dsl{found}; FROST engines need it; {fix}"]
+    if version_below(v, CUTLASS_DSL_FLOOR):
+        return [f"nvidia-cutlass-dsl {v} < {CUTLASS_DSL_FLOOR} (FROST engines fail to compile); {fix}"]
+    return []
+
+
+def _cutile_unmet(env: Env) -> list[str]:
+    unmet = []
+    cudart = env.version("cudart") or env.version("cuda_runtime")
+    src = "cuda-bindings" if env.version("cudart") else "torch.version.cuda"
+    old = version_below(cudart, CUTILE_MIN_CUDART)
+    if old is None:
+        unmet.append(
+            "CUDA runtime version unknown (cuda-bindings absent); cuTile needs >= 13.3; "
+            "pip install 'cuda-bindings>=13.3' (and a CUDA 13.3+ driver)"
+        )
+    elif old:
+        unmet.append(
+            f"CUDA runtime {cudart} ({src}) < {CUTILE_MIN_CUDART} (cuTile engines); "
+            "use a CUDA 13.3+ runtime: pip install 'cuda-bindings>=13.3' with a 13.3+ driver"
+        )
+    tile = env.version("cuda_tile")
+    if tile is None or not env.importable.get("cuda.tile", False):
+        what = f"cuda-tile {tile} is installed but `cuda.tile` does not resolve" if tile else "cuda-tile is not installed"
+        unmet.append(f"{what} (cuTile engines); pip install 'cuda-tile[tileiras]>=1.4'")
+    elif version_below(tile, CUDA_TILE_FLOOR):
+        unmet.append(f"cuda-tile {tile} < {CUDA_TILE_FLOOR} (cuTile engines); pip install -U 'cuda-tile>=1.4'")
+    path = env.tools.get("tileiras")
+    if not path:
+        unmet.append(
+            "tileiras not found (not in nvidia-cuda-tileiras, on PATH or in $CUDA_HOME/bin; cuTile compiles with it); "
+            "pip install 'cuda-tile[tileiras]' or put a CUDA 13.3+ toolkit's bin/ on PATH"
+        )
+    elif env.version("tileiras") is None:
+        unmet.append(f"tileiras at {path} does not run (`{path} --version` failed); reinstall nvidia-cuda-tileiras")
+    return unmet
+
+
+def pair_verdict(op: str, env: Env) -> Verdict:
+    """Our floors and facts for ``cudnn:op`` on ``env``; cuDNN's own planner still decides per case."""
+    pair = f"cudnn:{op}"
+    unmet: list[str] = []
+    notes: list[str] = []
+    if not env.cuda:
+        unmet.append(no_cuda_reason(env))
+    fe = env.version("cudnn_frontend")
+    if fe is None:
+        unmet.append(f"{DIST} is not installed; {INSTALL}")
+    elif version_below(fe, NAN_FLOOR) is None:
+        notes.append(f"{DIST} version {fe!r} is unreadable; version floors were not checked")
+    elif op in ("gdn", "gdn2") and version_below(fe, NAN_FLOOR):
+        unmet.append(f"{DIST} {fe} < {NAN_FLOOR} ({op.upper()} kernels can return NaN); {INSTALL}")
+    elif op == "gdn2" and version_below(fe, GDN2_STEEP_FIX):
+        notes.append(
+            f"KNOWN-WRONG: {DIST} {fe} < {GDN2_STEEP_FIX}: GDN2 returns NaN under steep "
+            f"per-channel decay (fixed in 1.32); measured, not trusted; {INSTALL}"
+        )
+
+    # Engines: a pair runs when at least one engine family has everything it needs.
+    sm = env.sm
+    on_blackwell = env.cuda and sm in FROST_SMS
+    if op == "gdn2":  # FROST only
+        if env.cuda and not on_blackwell:
+            unmet.append(_frost_arch(env))
+        unmet += _cutlass_dsl_unmet(env)
+        return gathered(pair, unmet, notes)
+
+    paths: dict[str, list[str]] = {}
+    if on_blackwell or not env.cuda:
+        paths["FROST"] = _cutlass_dsl_unmet(env)
+    paths["cuTile"] = _cutile_unmet(env)
+    if op == "kda" and (sm == HOPPER_SM or not env.cuda):
+        hop: list[str] = []
+        if version_below(fe, HOPPER_KDA):
+            hop.append(f"{DIST} {fe} < {HOPPER_KDA} (no Hopper KDA engines before 1.30); {INSTALL}")
+        paths["Hopper"] = hop
+    if not any(not u for u in paths.values()):
+        if env.cuda:
+            excluded = [] if on_blackwell else ["FROST (needs SM100/101/102/103/107)"]
+            if op == "kda" and sm != HOPPER_SM:
+                excluded.append("Hopper (needs SM90)")
+            scope = f"on {env.device()}" + (f", {' and '.join(excluded)} excluded" if excluded else "")
+        else:
+            scope = "even with a GPU"
+        parts = [f"{name} needs: {'; '.join(u)}" for name, u in paths.items()]
+        unmet.append(f"no engine can run {scope} — " + " || ".join(parts))
+    return gathered(pair, unmet, notes)

@@ -1,0 +1,72 @@
+"""flash-linear-attention facts: distributions, entry points, the version floor and FLA's own Hopper guard —
+from the ``Env`` alone, without importing FLA. The adapter (``adapter.py``) asks these first, then FLA.
+
+Sources (fla-core 0.6.0; docs/libraries.md keeps the details): ``fla/utils/env.py`` (``TRITON_ABOVE_3_4_0`` /
+``TRITON_ABOVE_3_7_1``, compared with ``packaging.version`` as here), ``fla/utils/hardware.py``
+(``IS_NVIDIA_HOPPER``), ``fla/ops/common/chunk_o.py`` (the backward guard, FLA issue #640).
+"""
+
+from __future__ import annotations
+
+from deltacheck.harness.availability import gathered, no_cuda_reason
+from deltacheck.harness.environment import Env, version_below, version_in
+
+from ..base import Verdict
+
+DISTS = ("fla-core", "flash-linear-attention")
+INSTALL = "pip install -U 'fla-core>=0.6'"
+INSTALL_HINT = "fla-core is not installed (pip install 'deltacheck[fla]')"
+FLOOR = "0.6"  # the adapter targets the 0.6 API (chunk_gdn2, state_v_first)
+HOPPER_BAD_TRITON = ">=3.4.0,<3.7.1"  # FLA refuses its gated GDN backward on Hopper in this range (#640)
+
+# op -> (module, function) for each flavour. `fla.ops` re-exports the GDN and KDA entry points (the same
+# objects as fla.ops.gated_delta_rule / fla.ops.kda); chunk_gdn2 is not re-exported by fla.ops in 0.6.
+CHUNK = {
+    "gdn": ("fla.ops", "chunk_gated_delta_rule"),
+    "kda": ("fla.ops", "chunk_kda"),
+    "gdn2": ("fla.ops.gdn2", "chunk_gdn2"),
+}
+RECURRENT = {
+    "gdn": ("fla.ops", "fused_recurrent_gated_delta_rule"),
+    "kda": ("fla.ops", "fused_recurrent_kda"),
+    "gdn2": ("fla.ops.gdn2", "fused_recurrent_gdn2"),
+}
+
+FLOORS = {"fla-core": FLOOR, "triton range refused by FLA GDN backward on Hopper": HOPPER_BAD_TRITON}
+
+
+def is_fla_hopper(env: Env) -> bool:
+    # FLA's own test (fla/utils/hardware.py): 'NVIDIA H' in the name, or compute capability major 9.
+    return env.cuda and (("NVIDIA H" in (env.device_name or "")) or (env.capability or (0, 0))[0] == 9)
+
+
+def pair_verdict(backend: str, op: str, env: Env) -> Verdict:
+    """Our floors for ``fla:op`` / ``fla-recurrent:op`` on ``env``; FLA still decides per case."""
+    pair = f"{backend}:{op}"
+    unmet: list[str] = []
+    notes: list[str] = []
+    if not env.cuda:
+        unmet.append(no_cuda_reason(env))
+    fla = env.version("fla")
+    if fla is None:
+        unmet.append(f"fla-core is not installed; {INSTALL}")
+    elif version_below(fla, FLOOR) is None:
+        notes.append(f"fla-core version {fla!r} is unreadable; the 0.6 floor was not checked")
+    elif version_below(fla, FLOOR):
+        unmet.append(
+            f"fla-core {fla} < {FLOOR} (the adapter targets the 0.6 API: chunk_gdn2, state_v_first); {INSTALL}"
+        )
+    triton = env.version("triton")
+    if triton is None:
+        unmet.append("triton is not installed (FLA compiles its kernels with Triton); pip install triton")
+    backward_reason = ""
+    if backend == "fla" and op == "gdn" and triton is not None and is_fla_hopper(env):
+        refused = version_in(triton, HOPPER_BAD_TRITON)
+        if refused is None:
+            notes.append(f"triton version {triton!r} is unreadable; FLA's Hopper GDN-backward guard not evaluated")
+        elif refused:
+            backward_reason = (
+                f"FLA refuses the GDN backward on Hopper, {env.device()}, with triton {triton} "
+                f"(3.4.0 <= triton < 3.7.1 gives wrong gradients, FLA #640); pip install -U 'triton>=3.7.1'"
+            )
+    return gathered(pair, unmet, notes, backward_reason=backward_reason)

@@ -1,0 +1,213 @@
+"""``deltacheck run`` and ``deltacheck verify``: select cases, size the job (``--dry-run``), and run it through
+``harness.execute``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from deltacheck.cases import Case, CaseError, select
+from deltacheck.cases.support import OPS
+from deltacheck.harness import pool
+from deltacheck.harness.availability import case_verdict, load_backend
+from deltacheck.harness.backends.base import Verdict
+from deltacheck.harness.environment import probe_env
+from deltacheck.harness.execute import execute
+from deltacheck.harness.required import RequireSpecError, required_pairs
+from deltacheck.harness.rundir import ResumeError
+from deltacheck.harness.runner import RunOptions
+
+FUSED_DEFAULT = ("cudnn", "fla")
+
+
+def _select_cases(args) -> list[Case]:
+    if args.case:
+        cases = [Case.from_id(c) for c in args.case]
+    else:
+        cases = []
+        for op in args.op or [None]:
+            cases += select(tier=args.tier, op=op, k=args.k)
+    if args.limit:
+        cases = cases[: args.limit]
+    return cases
+
+
+def _argument(cast, expected: str, ok) -> Callable[[str], Any]:
+    """An argparse type: ``cast(text)`` that must satisfy ``ok``; otherwise a usage error naming ``expected``."""
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+        return value
+    return parse
+
+
+_positive_int = _argument(int, "a whole number >= 1", lambda v: v >= 1)
+_positive_seconds = _argument(float, "seconds > 0", lambda v: v > 0)
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tier", default="L0", choices=["L0", "L1", "L2"], help="case tier (default L0)")
+    p.add_argument("--op", action="append", choices=OPS, help="only this op (repeatable)")
+    p.add_argument("-k", dest="k", default=None, help="pytest-style expression over case ids, e.g. 'thd and not bwd'")
+    p.add_argument("--case", action="append", help="run exactly this case id (repeatable); overrides --tier/-k")
+    p.add_argument("--limit", type=int, default=0, help="at most this many cases (after selection)")
+    p.add_argument("--out", default="runs", help="root folder for run directories (default ./runs)")
+    p.add_argument("--reference", default="auto", choices=["auto", "oracle", "chunked"],
+                   help="fp64 reference: token oracle, chunked, or auto (oracle up to 2048 tokens)")
+    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="skip the same-precision baseline (limits fall back to the absolute thresholds)")
+    p.add_argument("--in-process", action="store_true", help="no worker process (faster start; a hard crash ends the run)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="run nothing: print, per backend x op, how many cases would run (and with a backward) and "
+                        "how many would be declined, by reason — to size a GPU job before paying for it")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue an interrupted run in its directory (--out is then unused): tasks of this "
+                        "selection whose every check it holds are not run again; a task left half-judged runs "
+                        "again and its new results replace the old. Refused if this is another environment")
+    p.add_argument("--task-timeout", type=_positive_seconds, default=None, metavar="SECONDS",
+                   help="kill a worker whose case x backend task gives no result within SECONDS (a hung kernel), "
+                        "record the task as an error and go on in a fresh worker; a first Triton compile can "
+                        "take minutes, so leave room for it (default: no limit)")
+    p.add_argument("-j", "--jobs", type=_positive_int, default=1, metavar="N",
+                   help="N worker processes side by side (default 1) taking tasks from one queue; each stays on "
+                        "one compile family (backend, op, dtype, head dims) while it has tasks, so a JIT kernel "
+                        "is built in few processes; with several GPUs visible, worker k uses GPU k mod count. "
+                        "Speeds up first-compile-bound fused runs")
+
+
+def _options(args) -> RunOptions:
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return RunOptions(device=device, reference=args.reference, baseline=not args.no_baseline)
+
+
+def cmd_run(args) -> int:
+    try:
+        cases = _select_cases(args)
+    except (CaseError, ValueError) as exc:
+        print(f"deltacheck run: {exc}", file=sys.stderr)
+        return 2
+    specs = args.backend or list(FUSED_DEFAULT)
+    if args.dry_run:
+        _print_plan(plan(cases, specs, probe_env()), len(cases))
+        return 0
+    try:
+        required_pairs(os.environ)
+    except RequireSpecError as exc:  # a malformed setting is a usage error
+        print(f"deltacheck run: {exc}", file=sys.stderr)
+        return 2
+    if args.in_process and (args.jobs > 1 or args.task_timeout):
+        print("deltacheck run: --in-process runs the tasks in this process, which cannot be killed and "
+              "replaced; drop it to use --jobs or --task-timeout", file=sys.stderr)
+        return 2
+    try:
+        status, run_dir = execute(cases, specs, args.out, _options(args), in_process=args.in_process,
+                                  argv=sys.argv[1:], jobs=args.jobs, resume=args.resume,
+                                  task_timeout=args.task_timeout)
+    except ResumeError as exc:
+        print(f"deltacheck run: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:
+        return 128 + (signal.SIGTERM if isinstance(exc, pool.Terminated) else signal.SIGINT)
+    if args.report:
+        _render_report(run_dir)
+    return status
+
+
+def plan(cases: list[Case], backend_specs: list[str], env) -> list[dict]:
+    """What a run would do, without running it: per backend x op, the cases each backend would run (and
+    with a backward) and the ones it would decline, by reason. Asks each backend's ``check`` per case, so
+    the libraries are imported here."""
+    rows: dict[tuple[str, str], dict] = {}
+    for spec in backend_specs:
+        backend, load_error = load_backend(spec)
+        for case in cases:
+            row = rows.setdefault((spec, case.op), {"backend": spec, "op": case.op, "run": 0, "backward": 0,
+                                                    "declined": Counter()})
+            if backend is None:
+                verdict = Verdict.no(load_error)
+            else:
+                try:
+                    verdict = case_verdict(backend, spec, case, env)
+                except Exception as exc:  # noqa: BLE001 - shown as that case's reason; a run records an error
+                    verdict = Verdict.no(f"check() raised {type(exc).__name__}: {exc}")
+            if verdict.runnable:
+                row["run"] += 1
+                row["backward"] += bool(case.backward and verdict.backward)
+            else:
+                row["declined"][verdict.reason] += 1
+    return [rows[k] for k in sorted(rows)]
+
+
+def _print_plan(rows: list[dict], n_cases: int, stream=None) -> None:
+    stream = stream or sys.stdout
+    print(f"deltacheck run --dry-run: {n_cases} cases; nothing was run", file=stream)
+    for row in rows:
+        declined = sum(row["declined"].values())
+        print(f"  {row['backend'] + ':' + row['op']:<16} would run {row['run']:>4} (backward on {row['backward']}), "
+              f"decline {declined}", file=stream)
+        for reason, n in row["declined"].most_common():
+            print(f"      {n:>4} × {reason}", file=stream)
+
+
+def _render_report(run_dir: Path) -> None:
+    from deltacheck.harness.cli import main as cli_main  # reports register themselves as `deltacheck report`
+
+    cli_main(["report", str(run_dir)])
+
+
+def cmd_verify(args) -> int:
+    """The main job: the reference verifying itself plus every fused backend this machine can run."""
+    # The baseline is the yardstick inside every check, not a subject: it is left out here.
+    args.backend = args.backend or ["chunked", *FUSED_DEFAULT]
+    args.report = True
+    return cmd_run(args)
+
+
+REQUIRED_EPILOG = """required mode (environment):
+  NVTE_GDN2_TEST_REQUIRED=1          cudnn:gdn2 must run
+  NVTE_GDN_TEST_REQUIRED=1           cudnn:gdn must run
+  DELTACHECK_REQUIRE=cudnn:kda,fla:gdn2
+                                     these backend:op pairs must run
+A required pair that cannot run (package, op, runtime, version floor, GPU architecture), whose cases were
+all declined, or that executed zero cases fails the run with the reason and the fix.
+
+examples:
+  deltacheck run --backend cudnn --backend fla --tier L0 --report
+  deltacheck run --case 'gdn2-bf16-thd-N3-T[0_63_200]-H4/4/4-K128-V128-steep-h0-cont[64]-bwd' --backend fla
+  deltacheck run --backend mypkg.kernels:MyBackend --op gdn2 -k 'thd and bwd'"""
+
+
+def add_cli(sub) -> None:
+    p = sub.add_parser("run", help="run the case matrix against backends",
+                       description="Run cases x backends; every check is a result in RUN_DIR/results.jsonl. "
+                                   "Exit status 1 when any check fails or errors, or a required pair cannot run.",
+                       epilog=REQUIRED_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_common(p)
+    p.add_argument("--backend", action="append",
+                   help="backend name (cudnn, fla, fla-recurrent, oracle, chunked, baseline) or pkg.mod:attr "
+                        "(repeatable; default: cudnn and fla)")
+    p.add_argument("--report", action="store_true", help="render the reports into the run directory afterwards")
+    p.set_defaults(func=cmd_run)
+
+    v = sub.add_parser("verify", help="the main job: reference self-check + available fused backends, with a report",
+                       epilog=REQUIRED_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Runs the tier against the chunked reference (checked against the token "
+                                   "oracle; above 2048 tokens the references swap roles, so neither is compared "
+                                   "with itself) and cuDNN / FLA where this machine can run them; unavailable "
+                                   "backends are reported with their reasons.")
+    _add_common(v)
+    v.add_argument("--backend", action="append", help="override the backend list")
+    v.set_defaults(func=cmd_verify)

@@ -1,0 +1,337 @@
+"""What this machine has: the ``Env`` snapshot, the probe that builds it, the visible GPUs, and version
+parsing (PEP 440, through ``packaging``) for every floor and range the adapters compare against.
+
+- ``Env``: a frozen snapshot. ``probe_env()`` builds it for the real machine (once per process, cached);
+  ``probe_env(finder=Fake())`` builds it from a fake (tests); ``Env(...)`` / ``Env.from_dict(d)`` build it
+  directly. ``Env.to_dict()`` is what run headers record (docs/run-directory.md).
+- ``parse_version(text)`` / ``version_below(text, floor)`` / ``version_in(text, spec)``: what a version
+  floor means. ``1.29.0rc1`` is below ``1.29``; an unreadable version (``main``) is ``None``, never a guess.
+- ``visible_gpus()``: the GPUs this process may use, without initializing CUDA.
+
+Nothing here knows a backend: each adapter (``harness/backends/*/facts.py``) turns an Env into its verdict.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from functools import lru_cache
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+# Keys of Env.versions (a missing package is None, never absent, so reports show the gap).
+VERSION_KEYS = (
+    "torch",
+    "cuda_runtime",  # torch.version.cuda: the CUDA torch was built with
+    "cudart",  # cuda.bindings' cudaRuntimeGetVersion: what the cuTile engines check
+    "driver",  # nvidia-smi / pynvml
+    "torch_cudnn",
+    "cudnn_frontend",
+    "cudnn_backend",
+    "cutlass_dsl",
+    "cuda_tile",
+    "tileiras",  # from `tileiras --version`; None when absent or not runnable
+    "tileiras_dist",
+    "fla",
+    "triton",
+    "transformer_engine",
+)
+_DIST_KEYS = {
+    "cudnn_frontend": ("nvidia-cudnn-frontend",),
+    "cutlass_dsl": ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-internal"),
+    "cuda_tile": ("cuda-tile",),
+    "tileiras_dist": ("nvidia-cuda-tileiras",),
+    "fla": ("fla-core", "flash-linear-attention"),
+    "triton": ("triton",),
+    "transformer_engine": ("transformer-engine", "transformer_engine", "transformer-engine-torch"),
+}
+# Modules whose presence matters, checked with find_spec (resolved, not executed: cheap, no side effects).
+IMPORTABLE_KEYS = ("cudnn", "cutlass", "cuda.tile", "cuda.bindings", "fla", "triton", "transformer_engine")
+
+
+@dataclass(frozen=True)
+class Env:
+    """A snapshot of the machine. Build it with ``probe_env()``, or directly (tests)."""
+
+    cuda: bool
+    device_name: str | None = None
+    capability: tuple[int, int] | None = None
+    versions: Mapping[str, str | None] = field(default_factory=dict)
+    python: str = platform.python_version()
+    host: str = platform.node()
+    importable: Mapping[str, bool] = field(default_factory=dict)  # find_spec found the module
+    tools: Mapping[str, str | None] = field(default_factory=dict)  # e.g. tileiras -> its path
+    probe_errors: Mapping[str, str] = field(default_factory=dict)  # what the probe could not read
+
+    @property
+    def sm(self) -> int | None:
+        return None if self.capability is None else self.capability[0] * 10 + self.capability[1]
+
+    def version(self, key: str) -> str | None:
+        return self.versions.get(key)
+
+    def device(self) -> str:
+        """``SM90 (NVIDIA H200)``, or ``no CUDA device``."""
+        if not self.cuda:
+            return "no CUDA device"
+        sm = f"SM{self.sm}" if self.sm is not None else "SM?"
+        return f"{sm} ({self.device_name})" if self.device_name else sm
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for key in ("versions", "importable", "tools", "probe_errors"):
+            d[key] = dict(getattr(self, key))
+        d["capability"] = list(self.capability) if self.capability is not None else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Env:
+        """Inverse of ``to_dict``; unknown keys are ignored (records written by newer versions)."""
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        if kw.get("capability") is not None:
+            kw["capability"] = tuple(int(x) for x in kw["capability"])
+        return cls(**kw)
+
+
+class Finder:
+    """Where ``probe_env`` looks: raw queries only, so a fake can stand in for any of them.
+
+    Every method returns None (or False) when the thing is absent and never raises; the real
+    implementation catches everything, because a probe must not be the thing that crashes a run.
+    """
+
+    def dist_version(self, dist: str) -> str | None:
+        try:
+            return importlib.metadata.version(dist)
+        except Exception:  # noqa: BLE001
+            return None
+
+    def has_module(self, name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except Exception:  # noqa: BLE001 - a parent that fails to import counts as absent
+            return False
+
+    def module_dirs(self, name: str) -> list[str]:
+        """The directories of a (namespace) package, without importing it."""
+        try:
+            spec = importlib.util.find_spec(name)
+        except Exception:  # noqa: BLE001
+            return []
+        return list(spec.submodule_search_locations or []) if spec else []
+
+    def which(self, tool: str, path: str | None = None) -> str | None:
+        return shutil.which(tool, path=path)
+
+    def getenv(self, name: str) -> str | None:
+        return os.environ.get(name)
+
+    def run(self, argv: Sequence[str], timeout: float = 15.0) -> str | None:
+        """stdout of a successful command, else None."""
+        try:
+            res = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+        except Exception:  # noqa: BLE001
+            return None
+        return res.stdout if res.returncode == 0 else None
+
+    def torch_facts(self) -> dict:
+        import torch
+
+        facts: dict[str, Any] = {"torch": torch.__version__, "cuda_runtime": torch.version.cuda, "cuda": False}
+        try:
+            facts["torch_cudnn"] = _str_or_none(torch.backends.cudnn.version())
+        except Exception:  # noqa: BLE001
+            facts["torch_cudnn"] = None
+        try:
+            if torch.cuda.is_available():
+                facts["cuda"] = True
+                facts["device_name"] = torch.cuda.get_device_name(0)
+                facts["capability"] = tuple(torch.cuda.get_device_capability(0))
+        except Exception as exc:  # noqa: BLE001
+            facts["cuda"] = False
+            facts["error"] = f"{type(exc).__name__}: {exc}"
+        return facts
+
+    def cudart_version(self) -> str | None:
+        if not self.has_module("cuda.bindings"):
+            return None
+        try:
+            from cuda.bindings import runtime  # type: ignore[import-not-found]
+
+            err, v = runtime.cudaRuntimeGetVersion()
+            return f"{v // 1000}.{(v % 1000) // 10}" if int(err) == 0 else None
+        except Exception:  # noqa: BLE001
+            return None
+
+    def driver_version(self) -> str | None:
+        nvml = self._nvml_driver()
+        if nvml:
+            return nvml
+        smi = self.which("nvidia-smi")
+        out = self.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"]) if smi else None
+        return out.strip().splitlines()[0].strip() if out and out.strip() else None
+
+    def _nvml_driver(self) -> str | None:
+        if not self.has_module("pynvml"):
+            return None
+        try:
+            import pynvml  # type: ignore[import-not-found]
+
+            pynvml.nvmlInit()
+            v = pynvml.nvmlSystemGetDriverVersion()
+            return v.decode() if isinstance(v, bytes) else str(v)
+        except Exception:  # noqa: BLE001
+            return None
+
+    def cudnn_backend_version(self) -> str | None:
+        """Imports ``cudnn`` (the frontend's C extension loads libcudnn); only called when the FE
+        distribution is installed, and any failure is an absent version, not a crash."""
+        try:
+            import cudnn  # type: ignore[import-not-found]
+
+            fn = getattr(cudnn, "backend_version_string", None)
+            if callable(fn):
+                return str(fn())
+            v = int(cudnn.backend_version())
+            return f"{v // 10000}.{(v % 10000) // 100}.{v % 100}" if v >= 10000 else str(v)
+        except BaseException:  # noqa: BLE001 - SystemExit from a broken extension included
+            return None
+
+
+def _str_or_none(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+_TILEIRAS_VERSION = re.compile(r"release (\d+\.\d+)|V(\d+\.\d+(?:\.\d+)?)")
+
+
+def _find_tileiras(finder: Finder) -> str | None:
+    """cuda.tile's own search order: the nvidia-cuda-tileiras wheel (nvidia/cu13/bin), cuda.tile's
+    bundled _deps/bin, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin."""
+    dirs = [os.path.join(d, "bin") for d in finder.module_dirs("nvidia.cu13")]
+    dirs += [os.path.join(d, "_deps", "bin") for d in finder.module_dirs("cuda.tile")]
+    for d in dirs:
+        if hit := finder.which("tileiras", d):
+            return hit
+    if hit := finder.which("tileiras"):
+        return hit
+    cuda_home = finder.getenv("CUDA_HOME") or finder.getenv("CUDA_PATH")
+    for d in ([os.path.join(cuda_home, "bin")] if cuda_home else []) + ["/usr/local/cuda/bin"]:
+        if hit := finder.which("tileiras", d):
+            return hit
+    return None
+
+
+def _probe(finder: Finder) -> Env:
+    errors: dict[str, str] = {}
+    try:
+        tf = finder.torch_facts()
+    except Exception as exc:  # noqa: BLE001
+        tf = {"cuda": False}
+        errors["torch"] = f"{type(exc).__name__}: {exc}"
+    if tf.get("error"):
+        errors["cuda"] = tf["error"]
+    cuda = bool(tf.get("cuda"))
+
+    versions: dict[str, str | None] = {k: None for k in VERSION_KEYS}
+    versions["torch"] = tf.get("torch")
+    versions["cuda_runtime"] = tf.get("cuda_runtime")
+    versions["torch_cudnn"] = tf.get("torch_cudnn")
+    for key, dists in _DIST_KEYS.items():
+        versions[key] = next((v for v in map(finder.dist_version, dists) if v), None)
+    versions["cudart"] = finder.cudart_version()
+    versions["driver"] = finder.driver_version() if cuda else None
+    if versions["cudnn_frontend"]:
+        versions["cudnn_backend"] = finder.cudnn_backend_version()
+        if versions["cudnn_backend"] is None:
+            errors["cudnn_backend"] = "import cudnn failed or reported no backend version"
+
+    tools: dict[str, str | None] = {"tileiras": _find_tileiras(finder)}
+    if tools["tileiras"]:
+        out = finder.run([tools["tileiras"], "--version"])
+        if out is None:
+            errors["tileiras"] = f"{tools['tileiras']} --version failed: found but not runnable"
+        else:
+            m = _TILEIRAS_VERSION.search(out)
+            versions["tileiras"] = (m.group(1) or m.group(2)) if m else "unknown"
+
+    importable = {name: finder.has_module(name) for name in IMPORTABLE_KEYS}
+    return Env(
+        cuda=cuda,
+        device_name=tf.get("device_name") if cuda else None,
+        capability=tuple(tf["capability"]) if cuda and tf.get("capability") else None,
+        versions=versions,
+        importable=importable,
+        tools=tools,
+        probe_errors=errors,
+    )
+
+
+@lru_cache(maxsize=1)
+def _probe_real() -> Env:
+    return _probe(Finder())
+
+
+def probe_env(finder: Finder | None = None) -> Env:
+    """The real machine (probed once per process, cached) or, with ``finder``, a fresh uncached probe."""
+    return _probe_real() if finder is None else _probe(finder)
+
+
+def visible_gpus(environ=os.environ, run=subprocess.run) -> list[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` entries, without initializing CUDA here
+    (a process that has touched CUDA can no longer be pinned to one GPU, and its children inherit that).
+
+    An explicit ``CUDA_VISIBLE_DEVICES`` is the answer (``""`` hides every GPU); otherwise
+    ``nvidia-smi -L`` counts them. No nvidia-smi: no GPUs."""
+    pinned = environ.get("CUDA_VISIBLE_DEVICES")
+    if pinned is not None:
+        return [d.strip() for d in pinned.split(",") if d.strip()]
+    try:
+        out = run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i in range(sum(1 for line in out.splitlines() if line.startswith("GPU ")))]
+
+
+# --------------------------------------------------------------------------------------------------
+# Versions
+
+
+def parse_version(text: str | None) -> Version | None:
+    """A PEP 440 version, or None when ``text`` is empty or not a version (``main``, ``unknown``)."""
+    if not text:
+        return None
+    try:
+        return Version(str(text).strip())
+    except InvalidVersion:
+        return None
+
+
+def version_below(text: str | None, floor: str) -> bool | None:
+    """Whether ``text`` is below ``floor`` (pre-releases of the floor are below it); None when unreadable."""
+    version = parse_version(text)
+    return None if version is None else version < Version(floor)
+
+
+def version_in(text: str | None, spec: str) -> bool | None:
+    """Whether ``text`` satisfies the PEP 440 specifier set ``spec`` (pre-releases included); None when
+    the version is unreadable. An invalid ``spec`` raises ``InvalidSpecifier`` (a caller's bug or bad data)."""
+    version = parse_version(text)
+    return None if version is None else SpecifierSet(spec).contains(version, prereleases=True)
+
+
+__all__ = [
+    "Env", "Finder", "IMPORTABLE_KEYS", "InvalidSpecifier", "VERSION_KEYS", "parse_version", "probe_env",
+    "version_below", "version_in", "visible_gpus",
+]

@@ -1,0 +1,165 @@
+"""One run from start to end: open (or resume) its directory, skip what a resumed run already judged, hand the
+tasks to the pool (or run them in this process), tally required mode, write the end record and print the
+closing summary. ``deltacheck run`` / ``verify`` drive it; tests call ``execute`` directly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import asdict
+from pathlib import Path
+
+from deltacheck.cases import Case
+
+from . import pool
+from .environment import probe_env
+from .required import RequiredTally, format_required_report, required_pairs
+from .results import Result, ResultStream, end_record, latest_per_check, read_records
+from .rundir import new_run_dir, open_run, resume_run
+from .runner import CaseRunner, RunOptions
+from .task import checks_for, run_task, task_summary
+
+
+class Progress:
+    """Progress with ETA: a one-line bar on a terminal; elsewhere (CI logs, a file) a plain line at most
+    once a minute, so a long or stuck run shows where it is without flooding the log."""
+
+    LOG_EVERY_S = 60.0
+
+    def __init__(self, total: int, stream=sys.stderr):
+        self.total, self.stream, self.done, self.t0 = total, stream, 0, time.monotonic()
+        self.bar = stream.isatty() and not os.environ.get("CI")
+        self.last_line = self.t0
+        self.open = True
+
+    def update(self, label: str) -> None:
+        self.done += 1
+        now = time.monotonic()
+        elapsed = now - self.t0
+        eta = elapsed / self.done * (self.total - self.done)
+        line = f"[{self.done}/{self.total}] {100 * self.done // max(self.total, 1)}% ETA {eta:5.0f}s  {label}"
+        if self.bar:
+            self.stream.write("\r" + line[:120].ljust(120))
+        elif now - self.last_line >= self.LOG_EVERY_S:
+            self.last_line = now
+            self.stream.write(f"{line}  (elapsed {elapsed:.0f}s)\n")
+        else:
+            return
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.bar and self.open:
+            self.stream.write("\n")
+        self.open = False
+
+
+def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, opts: RunOptions, *,
+            in_process: bool = False, argv: list[str] | None = None, environ=os.environ,
+            stream=None, jobs: int = 1, resume: str | Path | None = None,
+            task_timeout: float | None = None) -> tuple[int, Path]:
+    """Run ``cases`` x ``backend_specs``; returns (exit status, run directory).
+    ``jobs`` > 1 runs that many worker processes side by side on one ``TaskQueue``. ``resume``: an
+    interrupted run's directory to continue — tasks whose every check it holds are not run again, the
+    rest run and append to it (raises ``ResumeError`` when it cannot be continued here)."""
+    stream = stream or sys.stdout  # looked up per call, so redirected output (and pytest's capture) is honoured
+    env = probe_env()
+    required = required_pairs(environ)
+    extra = {"options": asdict(opts), "cases": len(cases)}
+    already: dict[tuple[str, str], list[Result]] = {}
+    if resume is not None:
+        run_dir = Path(resume)
+        verdicts, already = resume_run(run_dir, backend_specs, env, required, argv or [], extra)
+    else:
+        run_dir = new_run_dir(out_root)
+        verdicts = open_run(run_dir / "results.jsonl", backend_specs, env, required, argv or [], extra)
+    results_path = run_dir / "results.jsonl"
+
+    tasks = [(i, (case, spec)) for i, (case, spec) in enumerate((c, s) for c in cases for s in backend_specs)]
+    tally = RequiredTally()
+    statuses: Counter = Counter()
+    progress = Progress(len(tasks))
+    by_index = dict(tasks)
+    for case, spec in by_index.values():
+        tally.select(spec, case)
+
+    def on_done(i, summary):
+        case, spec = by_index[i]
+        statuses.update(summary["statuses"])
+        tally.add(spec, case.op, summary)
+        progress.update(f"{spec} {case.id}")
+
+    finished_before = []
+    for i, (case, spec) in tasks:
+        held = already.get((case.id, spec), [])
+        if held and set(checks_for(case)) <= {r.check for r in held}:
+            finished_before.append(i)
+            on_done(i, task_summary(held))
+    if finished_before:
+        print(f"resuming {run_dir}: {len(finished_before)} of {len(tasks)} tasks were judged before; "
+              f"running the other {len(tasks) - len(finished_before)}", file=sys.stderr)
+        skip = set(finished_before)
+        tasks = [t for t in tasks if t[0] not in skip]
+
+    pool.STOPPING.clear()
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous_handler = signal.signal(signal.SIGTERM, pool.raise_terminated) if in_main_thread else None
+    try:
+        if in_process:
+            runner = CaseRunner(opts)
+            with ResultStream(results_path) as out:
+                for i, (case, spec) in tasks:
+                    on_done(i, task_summary(run_task(runner, case, spec, env, sink=out.write)))
+        elif jobs > 1:
+            pool.run_parallel(tasks, run_dir, opts, on_done, jobs, task_timeout)
+        else:
+            pool.run_in_workers(pool.TaskQueue(tasks), results_path, opts, on_done, task_timeout=task_timeout)
+    except KeyboardInterrupt as exc:
+        progress.close()
+        print(f"\ndeltacheck run: {exc or 'interrupted'}; every check judged so far is in {results_path} "
+              "(no end record: reports will say the run did not finish). Continue it with the same selection "
+              f"and `--resume {run_dir}`", file=sys.stderr)
+        raise
+    finally:
+        pool.stop_workers()
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous_handler)
+    progress.close()
+
+    failures = tally.failures(required, verdicts)
+    status = 1 if (statuses["fail"] or statuses["error"] or failures) else 0
+    with ResultStream(results_path) as out:
+        out.write(end_record(statuses, status, failures, {f"{b}:{o}": n for (b, o), n in tally.executed.items()}))
+    print_summary(stream, run_dir, verdicts, required, tally.executed, statuses, failures, results_path)
+    return status, run_dir
+
+
+def print_summary(stream, run_dir, verdicts, required, executed, statuses, failures, results_path):
+    w = stream.write
+    w(f"\ndeltacheck run {run_dir.name}: " + ", ".join(f"{statuses[s]} {s}" for s in ("pass", "fail", "skip", "error"))
+      + "\n")
+    w("backend x op availability:\n")
+    for (spec, op), v in sorted(verdicts.items()):
+        req = " [REQUIRED]" if (spec, op) in required else ""
+        state = f"ran {executed.get((spec, op), 0)} cases" if v.runnable else f"unavailable: {v.reason}"
+        extra = "" if (not v.runnable or v.backward) else f" (no backward: {v.backward_reason})"
+        w(f"  {spec:>10}:{op:<5}{req} {state}{extra}\n")
+    # each check's final result: a resumed run's rerun replaces what it reran
+    final = latest_per_check([rec for _, rec, _ in read_records(results_path) if rec and rec["kind"] == "result"])
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for rec in final:
+        if rec["status"] in ("fail", "error"):
+            groups[(rec["case"], rec["backend"])].append(rec)
+    for (case_id, spec), recs in list(groups.items())[:20]:
+        checks = ", ".join(f"{r['check']}({r['status']})" for r in recs)
+        w(f"  {spec} {case_id}\n      failed: {checks}\n      first: {recs[0]['reason'][:240]}\n"
+          f"      re-run: {recs[0]['repro']}\n")
+    if len(groups) > 20:
+        w(f"  ... and {len(groups) - 20} more failing case x backend pairs (see the results file)\n")
+    if failures:
+        w(format_required_report(failures) + "\n")
+    w(f"results: {results_path}\n")

@@ -1,0 +1,288 @@
+"""The worker pool: crash-isolated worker processes taking case x backend tasks from one queue.
+
+A worker (``python -m deltacheck.harness.worker``) reads a config line and then one task per line on its
+stdin, streams every result into its results file as it is judged, and reports each finished task on a pipe
+of its own (``DONE <i> <summary json>``): the worker's stdout and stderr stay the user's, so whatever a kernel
+library prints reaches the terminal or the CI log unchanged.
+
+If a worker dies hard (segfault, CUDA illegal address, ``os._exit``), everything it wrote is on disk; the pool
+records an ``error`` for each check of the task in flight it never reached and goes on in a fresh worker. A
+``--task-timeout`` watchdog turns a hung kernel into the same path. ``TaskQueue`` keeps each worker on one
+compile family so JIT kernels are built in few processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter, deque
+from dataclasses import asdict
+from pathlib import Path
+
+from .environment import probe_env, visible_gpus
+from .results import Result, ResultStream, fold_parts, read_records
+from .task import run_task, task_summary, unjudged_results
+
+PROTOCOL_FD_ENV = "DELTACHECK_WORKER_FD"  # the worker's end of the protocol pipe
+
+
+def worker_main() -> int:
+    """Entry of ``python -m deltacheck.harness.worker``: a config line, then one task per line on stdin
+    (the parent sends the next after each ``DONE``); results stream to the file the config names, and each
+    finished task is reported on the protocol pipe (never on stdout, which the kernel libraries share)."""
+    from deltacheck.cases import Case
+
+    from .runner import CaseRunner, RunOptions
+
+    fd = int(os.environ.pop(PROTOCOL_FD_ENV))
+    os.set_inheritable(fd, False)  # a compiler the libraries spawn must not hold the pipe open
+    protocol = os.fdopen(fd, "w", buffering=1, encoding="utf-8")
+    config = json.loads(sys.stdin.readline())
+    runner = CaseRunner(RunOptions(**config["opts"]))
+    env = probe_env()
+    with ResultStream(config["results"]) as stream:
+        for line in sys.stdin:
+            task = json.loads(line)
+            results = run_task(runner, Case.from_id(task["case"]), task["backend"], env, sink=stream.write)
+            protocol.write(f"DONE {task['i']} {json.dumps(task_summary(results))}\n")
+            protocol.flush()
+    return 0
+
+
+def spawn_worker(env: dict | None = None) -> tuple[subprocess.Popen, object]:
+    """A worker process and the parent's end of its protocol pipe (a text file to iterate by line)."""
+    read_fd, write_fd = os.pipe()
+    child_env = dict(os.environ if env is None else env)
+    child_env[PROTOCOL_FD_ENV] = str(write_fd)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "deltacheck.harness.worker"], stdin=subprocess.PIPE,
+                                text=True, bufsize=1, env=child_env, pass_fds=(write_fd,))
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)  # the child holds its copy: EOF here means the worker is gone
+    return proc, os.fdopen(read_fd, "r", encoding="utf-8")
+
+
+# Worker processes alive right now, so an interrupted run can end them instead of leaving them running.
+_LIVE_WORKERS: set[subprocess.Popen] = set()
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI timeout, ``kill``) turned into an interrupt, so a run ends the way Ctrl-C ends it."""
+
+
+def raise_terminated(signum, frame):
+    raise Terminated("terminated by SIGTERM")
+
+
+# Set while a run is ending on purpose (an interrupt), so the workers it kills are not recorded as crashes.
+STOPPING = threading.Event()
+
+
+def stop_workers() -> None:
+    STOPPING.set()
+    for proc in list(_LIVE_WORKERS):
+        proc.kill()
+        proc.wait()
+        _LIVE_WORKERS.discard(proc)
+
+
+class TaskQueue:
+    """The run's tasks, handed to workers one at a time (thread-safe).
+
+    A worker gets the next task of the compile family it last ran while that family has tasks left (its
+    kernels are built and autotuned in that process); otherwise it starts the family that the fewest
+    workers are on, most tasks left first. So each family is compiled by as few processes as possible,
+    and the work balances itself however long each family takes — no family is stuck behind a slow one.
+    """
+
+    def __init__(self, tasks: list) -> None:
+        self._lock = threading.Lock()
+        self._left: dict[tuple, deque] = {}
+        for task in tasks:
+            self._left.setdefault(compile_family(*task[1]), deque()).append(task)
+        self._active: Counter = Counter()
+
+    def take(self, previous: tuple | None = None):
+        """The next task for a worker whose last task was of family ``previous``; None when none is left."""
+        with self._lock:
+            if previous is not None:
+                self._active[previous] -= 1
+            if previous is not None and self._left.get(previous):
+                family = previous
+            else:
+                open_families = [f for f, q in self._left.items() if q]
+                if not open_families:
+                    return None
+                family = min(open_families, key=lambda f: (self._active[f], -len(self._left[f])))
+            self._active[family] += 1
+            return self._left[family].popleft()
+
+
+class _Watchdog:
+    """Kills a worker whose task runs longer than ``seconds`` (a hung kernel never returns and never
+    crashes); the crash path then records that task as timed out and the run goes on in a fresh worker."""
+
+    def __init__(self, proc: subprocess.Popen, seconds: float | None) -> None:
+        self.proc, self.seconds, self.fired = proc, seconds, False
+        self._timer: threading.Timer | None = None
+
+    def arm(self) -> None:
+        self.disarm()
+        if self.seconds:
+            self._timer = threading.Timer(self.seconds, self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _fire(self) -> None:
+        self.fired = True
+        self.proc.kill()
+
+
+def run_in_workers(queue: TaskQueue, results_path, opts, on_done, max_restarts=50, env=None,
+                   task_timeout: float | None = None):
+    """Run tasks from ``queue`` in a worker process, one in flight at a time, until the queue is empty;
+    on a hard crash (or a task over ``task_timeout`` seconds), record it and continue in a fresh worker."""
+    restarts = 0
+    family = None
+    task = queue.take()
+    while task is not None:
+        proc, protocol = spawn_worker(env)
+        _LIVE_WORKERS.add(proc)
+        watchdog = _Watchdog(proc, task_timeout)
+        in_flight = task
+        _send(proc, json.dumps({"results": str(results_path), "opts": asdict(opts)}), in_flight)
+        watchdog.arm()
+        for line in protocol:
+            word, _, rest = line.strip().partition(" ")
+            if word != "DONE":
+                continue
+            watchdog.disarm()
+            idx, _, summary = rest.partition(" ")
+            on_done(int(idx), json.loads(summary))
+            family = compile_family(*in_flight[1])
+            in_flight = queue.take(family)
+            _send(proc, None, in_flight)  # the next task, or end of input: the worker exits
+            if in_flight is not None:
+                watchdog.arm()
+        protocol.close()
+        code = proc.wait()
+        watchdog.disarm()
+        _LIVE_WORKERS.discard(proc)
+        try:
+            proc.stdin.close()  # already closed after the last task; open when the worker died
+        except OSError:
+            pass  # a broken pipe's unflushed bytes: the worker is gone
+        if in_flight is None:
+            return
+        if STOPPING.is_set():
+            return  # the run is being stopped and ended this worker: not a crash, nothing to record
+        if code in (-signal.SIGTERM, -signal.SIGINT):
+            # A timeout or Ctrl-C reaches the whole process group: the run is being interrupted, and the
+            # task in flight did not crash. Recording it as a kernel crash would be a false finding.
+            raise Terminated(f"a worker was stopped ({_describe_exit(code)}): the run was interrupted")
+        i, (case, spec) = in_flight
+        if watchdog.fired:
+            reason = (f"timed out: no result within --task-timeout {task_timeout:g} s (a hung kernel, or a limit "
+                      "too short for this case's first compile); the worker was killed and the run continued "
+                      "in a fresh one")
+        else:
+            reason = (f"worker process died ({_describe_exit(code)}) while running this case; the run continued "
+                      "in a fresh worker")
+        # What the worker judged before dying is on disk; the checks it never reached become errors.
+        judged = [Result(**{k: v for k, v in rec.items() if k != "kind"}) for _, rec, _ in read_records(results_path)
+                  if rec and rec.get("kind") == "result" and rec["case"] == case.id and rec["backend"] == spec]
+        lost = unjudged_results(case, spec, {r.check for r in judged}, reason)
+        with ResultStream(results_path) as stream:
+            for r in lost:
+                stream.write(r)
+        on_done(i, {**task_summary(judged + lost), "crashed": reason})
+        restarts += 1
+        if restarts > max_restarts:
+            raise RuntimeError(f"worker crashed {restarts} times; giving up (see {results_path})")
+        task = queue.take(compile_family(case, spec))
+
+
+def _send(proc, config: str | None, task) -> None:
+    """Write the config line (first time) and one task, or close stdin when there is no task left."""
+    try:
+        if config is not None:
+            proc.stdin.write(config + "\n")
+        if task is None:
+            proc.stdin.close()
+        else:
+            i, (case, spec) = task
+            proc.stdin.write(json.dumps({"i": i, "case": case.id, "backend": spec}) + "\n")
+            proc.stdin.flush()
+    except (BrokenPipeError, OSError, ValueError):
+        pass  # the worker died; reading its stdout to the end finds that out and records the crash
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def compile_family(case, spec: str) -> tuple:
+    """Tasks that share a kernel specialization: same backend, op, dtype and head dims. JIT backends
+    (Triton, cuDNN's runtime compile) build and autotune a kernel per family and process, so keeping a
+    worker on one family saves compiles."""
+    return (spec, case.op, case.io_dtype, case.K, case.V)
+
+
+def run_parallel(tasks, run_dir: Path, opts, on_done, jobs: int, task_timeout: float | None = None) -> None:
+    """``jobs`` workers side by side on one shared ``TaskQueue``, each with its own results file; the
+    files are folded into results.jsonl when the workers end — also when one raised or the run was
+    interrupted. With several GPUs visible, worker k is pinned to GPU k mod count."""
+    queue = TaskQueue(tasks)
+    gpus = visible_gpus() if opts.device.startswith("cuda") else []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def locked_on_done(i, summary):
+        with lock:
+            on_done(i, summary)
+
+    # Each worker's torch would start one thread per core: N workers oversubscribe the cores N times, and
+    # spinning OpenMP threads then run several times slower than one worker alone. A share each instead.
+    cpu_share = str(max(1, (os.cpu_count() or 1) // jobs))
+
+    def one(k: int) -> None:
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", cpu_share)
+        if len(gpus) > 1:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[k % len(gpus)]
+        try:
+            run_in_workers(queue, run_dir / f"results.w{k}.jsonl", opts, locked_on_done, env=env,
+                            task_timeout=task_timeout)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller after every worker ends
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in range(min(jobs, len(tasks)))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        stop_workers()  # on an interrupt; a no-op when every worker ended
+        for t in threads:  # let each thread see its worker gone before its file is folded
+            t.join(timeout=10)
+        fold_parts(run_dir / "results.jsonl", sorted(run_dir.glob("results.w*.jsonl")))
+    if errors:
+        raise errors[0]

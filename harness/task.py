@@ -1,0 +1,108 @@
+"""One task: a case against one backend. The checks it owes, the one place its Results are made, running it,
+and the summary a worker reports for it.
+
+``deltacheck run`` (in-process or through ``pool`` workers) and the pytest plugin both call ``run_task``, so a
+case x backend is judged the same way whichever front runs it.
+"""
+
+from __future__ import annotations
+
+import shlex
+import traceback
+from collections import Counter
+from typing import Any
+
+from .availability import case_verdict
+from .backends.base import BackendLoadError, get_backend
+from .results import Result
+
+
+def repro_command(case, backend_spec: str) -> str:
+    """The command that re-runs exactly this case against this backend."""
+    return f"deltacheck run --case {shlex.quote(case.id)} --backend {shlex.quote(backend_spec)}"
+
+
+def grad_inputs(case) -> list[str]:
+    """The inputs a backward case differentiates, in a fixed order."""
+    names = ["q", "k", "v", "g", "beta"] + (["w"] if case.op == "gdn2" else [])
+    if case.initial_state:
+        names.append("initial_state")
+    if case.a_log:
+        names.append("a_log")
+    if case.dt_bias:
+        names.append("dt_bias")
+    return names
+
+
+def checks_for(case) -> list[str]:
+    """Every check a case owes, in the order they are judged (docs/verdicts.md describes each)."""
+    names = ["forward", "state"]
+    if case.splits:
+        names += ["continuation_ref", "continuation_self"]
+    if case.backward:
+        names += [f"grad_{n}" for n in grad_inputs(case)]
+    names.append("determinism")
+    return names
+
+
+def task_result(case, backend_spec: str, *, check: str, status: str, reason: str = "",
+                metrics: dict[str, Any] | None = None, seconds: float = 0.0) -> Result:
+    """The one place a Result is made: every result of a task carries the same case fields and repro."""
+    return Result(case=case.id, backend=backend_spec, check=check, status=status, reason=reason, op=case.op,
+                  io_dtype=case.io_dtype, layout=case.layout, gate=case.gate, tokens=case.total_tokens,
+                  max_len=case.max_len, tier=case.tier, metrics=dict(metrics or {}),
+                  repro=repro_command(case, backend_spec), seconds=seconds)
+
+
+def unjudged_results(case, backend_spec: str, judged: set[str], reason: str) -> list[Result]:
+    """An error result for every check of the task not in ``judged`` (a worker died, a stage raised)."""
+    return [task_result(case, backend_spec, check=c, status="error", reason=reason)
+            for c in checks_for(case) if c not in judged]
+
+
+def run_task(runner, case, spec: str, env, sink=None) -> list[Result]:
+    """All checks of one case x backend, each handed to ``sink`` as soon as it exists; a backend that
+    cannot even load, or whose ``check`` raises, becomes an error result."""
+    emitted: list[Result] = []
+
+    def emit(result: Result) -> None:
+        emitted.append(result)
+        if sink is not None:
+            sink(result)
+
+    def error(reason: str, **extra) -> list[Result]:
+        emit(task_result(case, spec, check="forward", status="error", reason=reason, **extra))
+        return emitted
+
+    try:
+        backend = get_backend(spec)
+    except BackendLoadError as exc:
+        return error(str(exc))
+    try:
+        verdict = case_verdict(backend, spec, case, env)
+    except Exception as exc:  # noqa: BLE001 - a crashing check is that case's error, not the run's end
+        return error(f"check() raised {type(exc).__name__}: {exc}")
+    try:
+        runner.run(case, backend, spec, verdict, env, sink=emit)
+    except Exception as exc:  # noqa: BLE001 - the harness's own failure on one case must not end the run
+        return error(f"harness error: {type(exc).__name__}: {exc}",
+                     metrics={"traceback": traceback.format_exc(limit=-4)})
+    return emitted
+
+
+def task_summary(results: list[Result]) -> dict:
+    """What a worker reports for a finished task (and what ``required.RequiredTally.add`` reads)."""
+    statuses = Counter(r.status for r in results)
+    fwd = next((r for r in results if r.check == "forward"), None)
+    executed = fwd is not None and fwd.status in ("pass", "fail")
+    grads = [r for r in results if r.check.startswith("grad_")]
+    return {
+        "statuses": dict(statuses),
+        "executed": executed,
+        "declined": fwd is not None and fwd.status == "skip",
+        "decline_reason": fwd.reason if fwd is not None and fwd.status == "skip" else "",
+        # a backward case that ran forward: were its gradients judged, or declined?
+        "backward_case": executed and bool(grads),
+        "backward_ran": any(r.status in ("pass", "fail") for r in grads),
+        "backward_reason": next((r.reason for r in grads if r.status == "skip"), ""),
+    }
