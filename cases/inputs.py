@@ -15,12 +15,21 @@ Gate profiles (the log-space decay g_eff <= 0 they produce, drawn per element of
     steep    U(-5, -0.1)                            (FLA's GDN2 tests)
     extreme  steep, then -1000 on ~5% of tokens (whole head row) and ~5% of single entries
     zero     0 (no decay)
+    long     -exp(U(log 1e-4, log 0.05)) per element: a state lives for thousands of tokens
+    trained  shaped like trained models' gates: each (head, channel) has a rate, 85% near zero
+             (-exp(U(log 1e-4, log 1e-2))) and 15% steep (U(-5, -1)), jittered per token by exp(0.3 N(0, 1))
+    unif<x>  U(-x, -0.1): the stability frontier's search profile (log domain only)
 
 With gate_domain="linear", g holds alpha = exp(g_eff) in [0, 1] (exp(-1000) underflows to 0 on purpose:
 the kernels floor it with +1e-10). With safe_gate, g holds a raw pre-activation instead, drawn so the
 gate formula lands in the same regime: zero -1000, mild U(-6, -2), typical N(0, 1), steep U(0, 5),
-extreme steep with +1000 at the same kind of positions. a_log ~ log U(1, 4) (so exp(a_log) in [1, 4]),
+extreme steep with +1000 at the same kind of positions, long U(-11, -4) (sigmoid/softplus ~ 1e-5..1e-2),
+trained 85% U(-11, -6) and 15% U(0, 3) per (head, channel). a_log ~ log U(1, 4) (so exp(a_log) in [1, 4]),
 dt_bias ~ U(-1, 1).
+
+``magnitude`` (id token ``mag<x>``) multiplies v and q, and k when the kernel normalizes it (l2norm): the same
+draws at another scale, to find where fp16/bf16 overflow or underflow. A raw k keeps unit norm either way, so
+the recurrence stays contractive.
 
 Beta profiles (effective beta; with beta_sigmoid the tensor holds the logit that produces it, with
 neg_eigval beta_eff = 2 * sigmoid(logit)):
@@ -40,10 +49,11 @@ per token and head before the cast, so the recurrence stays contractive as it is
 from __future__ import annotations
 
 import hashlib
+import math
 
 import torch
 
-from .spec import Case
+from .spec import Case, gate_floor
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -57,10 +67,11 @@ def stream_key(case: Case) -> str:
 
     Axes that only re-arrange or re-encode the same draws are neutralised: layout (a reshape), gate
     domain (alpha = exp(g) of the same g), state dtype (a cast of the same h0), and the check axes
-    (splits, backward, tier). So e.g. a linear-domain case is bitwise exp() of its log-domain twin.
+    (splits, backward, tier), and the magnitude (a multiple of the same draws). So e.g. a linear-domain case is
+    bitwise exp() of its log-domain twin.
     """
     return case.replace(layout="thd", gate_domain="log", state_dtype="fp32", splits=(), backward=False,
-                        seed=0, tier="L0").id
+                        seed=0, tier="L0", magnitude=None).id
 
 
 def stream_seed(case: Case, name: str) -> int:
@@ -104,6 +115,18 @@ def _extreme_mask(shape, generator) -> torch.Tensor:
     return rows | singles
 
 
+def _trained_rates(shape, generator, near_zero, steep) -> torch.Tensor:
+    """Per-(head, channel) rates, 85% drawn by ``near_zero`` and 15% by ``steep``, shared by every token."""
+    rate_shape = shape[1:]
+    near, far = near_zero(rate_shape, generator), steep(rate_shape, generator)
+    pick_steep = torch.rand(rate_shape, generator=generator) < 0.15
+    return torch.where(pick_steep, far, near).expand(shape)
+
+
+def _log_uniform(shape, low, high, generator) -> torch.Tensor:
+    return torch.exp(_uniform(shape, math.log(low), math.log(high), generator))
+
+
 def _log_decay(profile: str, shape, generator) -> torch.Tensor:
     if profile == "zero":
         return torch.zeros(shape, dtype=torch.float32)
@@ -111,6 +134,14 @@ def _log_decay(profile: str, shape, generator) -> torch.Tensor:
         return torch.log(_uniform(shape, 0.5, 1.0, generator))
     if profile == "typical":
         return torch.nn.functional.logsigmoid(_normal(shape, generator))
+    if profile == "long":
+        return -_log_uniform(shape, 1e-4, 0.05, generator)
+    if profile == "trained":
+        rates = _trained_rates(shape, generator, lambda sh, gen: -_log_uniform(sh, 1e-4, 1e-2, gen),
+                               lambda sh, gen: _uniform(sh, -5.0, -1.0, gen))
+        return rates * torch.exp(0.3 * _normal(shape, generator))
+    if (low := gate_floor(profile)) is not None:
+        return _uniform(shape, low, -0.1, generator)
     steep = _uniform(shape, -5.0, -0.1, generator)
     if profile == "steep":
         return steep
@@ -124,6 +155,11 @@ def _safe_gate_preactivation(profile: str, shape, generator) -> torch.Tensor:
         return _uniform(shape, -6.0, -2.0, generator)
     if profile == "typical":
         return _normal(shape, generator)
+    if profile == "long":
+        return _uniform(shape, -11.0, -4.0, generator)
+    if profile == "trained":
+        return _trained_rates(shape, generator, lambda sh, gen: _uniform(sh, -11.0, -6.0, gen),
+                              lambda sh, gen: _uniform(sh, 0.0, 3.0, gen))
     steep = _uniform(shape, 0.0, 5.0, generator)
     if profile == "steep":
         return steep
@@ -178,6 +214,10 @@ def make_inputs(case: Case, device="cpu") -> dict:
     if not case.l2norm:
         k = k / k.norm(dim=-1, keepdim=True).clamp_min(1e-6)
     v = _normal((T, case.HV, case.V), _generator(case, "v"))
+    if case.magnitude is not None:
+        q, v = q * case.magnitude, v * case.magnitude
+        if case.l2norm:
+            k = k * case.magnitude
 
     gate_shape = _symbolic_shape(case, support.gate_shape)
     if case.safe_gate:

@@ -5,12 +5,13 @@ when they differ from their default, in the order shown):
 
     <op>-<io>-<layout>-N<n>-<lengths>-H<H>/<HK>/<HV>-K<K>-V<V>-<gate>
         [-state_bf16] [-beta_<profile>] [-l2norm] [-sigmoid] [-negeig] [-linear]
-        [-safegate] [-alog] [-dtbias] [-scale<x>] [-h0] [-cont[<s>_<s>...]] [-bwd]
+        [-safegate] [-alog] [-dtbias] [-guard] [-scale<x>] [-mag<x>] [-h0] [-cont[<s>_<s>...]] [-bwd]
         [-seed<n>] [-L1|-L2]
 
     lengths: dense layouts  L<len>               (every sequence has this length)
              thd            T[<l1>_<l2>_...]     (one entry per sequence; 0 is allowed)
-    scale:   Python's repr of the float with "e-" written "em" (so the id never has a stray "-")
+    gate:    a named profile, or unif<x>: log-decays from U(-x, -0.1) (stability searches)
+    scale, mag: Python's repr of the float with "e-" written "em" (so the id never has a stray "-")
 
 Example: ``gdn2-bf16-thd-N3-T[0_63_1000]-H4/4/4-K128-V128-steep-h0-cont[64]-bwd``.
 
@@ -32,7 +33,15 @@ IO_DTYPES = ("bf16", "fp16")
 STATE_DTYPES = ("fp32", "bf16")
 LAYOUTS = ("thd", "bshd", "sbhd", "bhsd")
 DENSE_LAYOUTS = ("bshd", "sbhd", "bhsd")
-GATE_PROFILES = ("mild", "typical", "steep", "extreme", "zero")
+GATE_PROFILES = ("mild", "typical", "steep", "extreme", "zero", "long", "trained")
+# A parametrized profile for stability searches: log-decays drawn from U(-x, -0.1), written "unif<x>" (x >= 0.1).
+UNIFORM_GATE = re.compile(r"unif(\d+(?:\.\d+)?)")
+
+
+def gate_floor(gate: str) -> float | None:
+    """The lower end -x of a ``unif<x>`` gate profile, or None for a named profile."""
+    match = UNIFORM_GATE.fullmatch(gate)
+    return -float(match.group(1)) if match else None
 BETA_PROFILES = ("uniform", "zero", "one", "near2")
 GATE_DOMAINS = ("log", "linear")
 TIERS = ("L0", "L1", "L2")
@@ -73,6 +82,7 @@ class Case:
     dt_bias: bool = False
     beta_guard: bool = False
     scale: float | None = None
+    magnitude: float | None = None  # multiplies v and q (and k under l2norm): where fp16/bf16 overflow or underflow
     initial_state: bool = False
     splits: tuple[int, ...] = ()
     backward: bool = False
@@ -86,8 +96,10 @@ class Case:
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
-        if isinstance(self.scale, int) and not isinstance(self.scale, bool):
-            object.__setattr__(self, "scale", float(self.scale))
+        for name in ("scale", "magnitude"):
+            value = getattr(self, name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, name, float(value))
         self._validate()
 
     def _validate(self):
@@ -105,7 +117,15 @@ class Case:
         if self.state_dtype not in support.state_dtypes:
             raise _bad("state_dtype", f"op {self.op} accepts {support.state_dtypes}; got {self.state_dtype!r}")
         one_of("layout", LAYOUTS)
-        one_of("gate", GATE_PROFILES)
+        if self.gate not in GATE_PROFILES and not (isinstance(self.gate, str) and UNIFORM_GATE.fullmatch(self.gate)):
+            raise _bad("gate", f"expected one of {', '.join(GATE_PROFILES)} or unif<x> (log-decays from U(-x, -0.1)); "
+                               f"got {self.gate!r}")
+        if gate_floor(self.gate) is not None:
+            if gate_floor(self.gate) > -0.1:
+                raise _bad("gate", f"unif<x> needs x >= 0.1 (decays from U(-x, -0.1)); got {self.gate!r}")
+            if self.safe_gate or self.gate_domain != "log":
+                raise _bad("gate", f"{self.gate!r} is a log-space decay profile: it needs gate_domain='log' and no "
+                                   "safe_gate")
         one_of("beta_profile", BETA_PROFILES)
         one_of("gate_domain", GATE_DOMAINS)
         one_of("tier", TIERS)
@@ -170,9 +190,10 @@ class Case:
             raise _bad("beta_guard", "needs l2norm=True (the guard is defined on the normalized key)")
         if self.beta_profile == "near2" and not self.neg_eigval:
             raise _bad("beta_profile", "'near2' needs neg_eigval=True (beta_eff = 2*sigmoid(logit) reaches 2)")
-        if self.scale is not None:
-            if not isinstance(self.scale, float) or not math.isfinite(self.scale) or self.scale <= 0:
-                raise _bad("scale", f"expected None or a finite float > 0; got {self.scale!r}")
+        for name in ("scale", "magnitude"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, float) or not math.isfinite(value) or value <= 0):
+                raise _bad(name, f"expected None or a finite float > 0; got {value!r}")
 
         # Continuation split points: token offsets inside each sequence (clamped to its length).
         if not isinstance(self.splits, tuple):
@@ -265,6 +286,8 @@ class Case:
                 parts.append(token)
         if self.scale is not None:
             parts.append("scale" + _format_scale(self.scale))
+        if self.magnitude is not None:
+            parts.append("mag" + _format_scale(self.magnitude))
         if self.initial_state:
             parts.append("h0")
         if self.splits:
@@ -357,8 +380,8 @@ def parse_id(text: str) -> Case:
     fields["H"], fields["HK"], fields["HV"] = (int(x) for x in head_match.groups())
     fields["K"] = _int_token(k_tok, "K", "K", "7th")
     fields["V"] = _int_token(v_tok, "V", "V", "8th")
-    if gate not in GATE_PROFILES:
-        raise _bad("gate", f"9th token should be one of {', '.join(GATE_PROFILES)}; got {gate!r}")
+    if gate not in GATE_PROFILES and not UNIFORM_GATE.fullmatch(gate):
+        raise _bad("gate", f"9th token should be one of {', '.join(GATE_PROFILES)} or unif<x>; got {gate!r}")
 
     flag_attrs = {token: attr for attr, token in _FLAG_TOKENS if attr != "gate_domain"}
     seen: set[str] = set()
@@ -382,12 +405,12 @@ def parse_id(text: str) -> Case:
             key, value = "beta_profile", token[len("beta_"):]
             if value not in BETA_PROFILES:
                 raise _bad("beta_profile", f"token {token!r}: expected beta_<{'|'.join(BETA_PROFILES)}>")
-        elif token.startswith("scale"):
-            key = "scale"
+        elif token.startswith("scale") or token.startswith("mag"):
+            key = "scale" if token.startswith("scale") else "magnitude"
             try:
-                value = _parse_scale(token[len("scale"):])
+                value = _parse_scale(token[len("scale" if key == "scale" else "mag"):])
             except ValueError:
-                raise _bad("scale", f"token {token!r}: expected scale<float>, e.g. scale0.125") from None
+                raise _bad(key, f"token {token!r}: expected {token[:3]}...<float>, e.g. scale0.125, mag1000.0") from None
         elif token.startswith("cont"):
             key, value = "splits", _int_list(token[len("cont"):], "splits", token)
         elif token.startswith("seed"):
