@@ -13,16 +13,8 @@ LENGTH_KINDS = ("one", "batch", "ragged")  # N == 1 / N > 1 all equal / unequal 
 ON_OFF = ("off", "on")
 
 
-def _all_dims() -> tuple[str, ...]:
-    dims = []
-    for support in OP_SUPPORT.values():
-        square = sorted(set(support.key_dims) & set(support.value_dims))
-        for k in square:
-            dims.append(f"{k}x{k}")
-        # "mixed" as the generator means it: the 64/128 pair, both ways.
-        if {64, 128} <= set(support.key_dims) and {64, 128} <= set(support.value_dims):
-            dims += ["64x128", "128x64"]
-    return tuple(dict.fromkeys(sorted(dims, key=lambda d: tuple(map(int, d.split("x"))))))
+# Head dims are the math's, not one library's: powers of two and not (masking bugs live at 96), K != V both ways.
+DIMS = ("32x32", "64x64", "96x96", "128x128", "256x256", "64x128", "128x64")
 
 
 MAIN_AXES: dict[str, tuple[str, ...]] = {
@@ -32,12 +24,13 @@ MAIN_AXES: dict[str, tuple[str, ...]] = {
     "layout": LAYOUTS,
     "lengths": LENGTH_KINDS,
     "heads": HEAD_CONFIGS,
-    "dims": _all_dims(),
+    "dims": DIMS,
     "gate": GATE_PROFILES,
     "gate_mode": GATE_MODES,
     "beta_mode": BETA_MODES,
     "beta": BETA_PROFILES,
     "l2norm": ON_OFF,
+    "guard": ON_OFF,
     "scale": ("default", "custom"),
     "h0": ON_OFF,
     "cont": ON_OFF,
@@ -70,6 +63,7 @@ def axis_values(case: Case) -> dict[str, str]:
         "beta_mode": "negeig" if case.neg_eigval else ("sigmoid" if case.beta_sigmoid else "plain"),
         "beta": case.beta_profile,
         "l2norm": ON_OFF[case.l2norm],
+        "guard": ON_OFF[case.beta_guard],
         "scale": "default" if case.scale is None else "custom",
         "h0": ON_OFF[case.initial_state],
         "cont": ON_OFF[bool(case.splits)],
@@ -77,19 +71,49 @@ def axis_values(case: Case) -> dict[str, str]:
     }
 
 
-def compatible(assignment: dict[str, str]) -> bool:
-    """Whether a (partial) assignment of main-axis values can belong to a valid Case.
+def compatible(assignment: dict[str, str], axes: dict[str, tuple[str, ...]] = MAIN_AXES) -> bool:
+    """Whether a (partial) assignment of main-axis values can belong to a valid, non-vacuous Case.
 
-    Every rule here is binary (touches two axes), so checking pairs is enough for any partial row to be
-    completable. The per-op rules come from OP_SUPPORT, not from op names.
+    The per-op rules come from OP_SUPPORT, not from op names. A rule with an axis still unassigned looks ahead
+    at ``axes`` (the values that axis may still take), so a partial row is accepted only when it can still be
+    completed — which lets a covering array be built over narrowed axes (a backend's envelope).
     """
+
+    def can(axis: str, *values: str) -> bool:
+        """``axis`` holds, or can still take, one of ``values``."""
+        if axis in assignment:
+            return assignment[axis] in values
+        return any(v in axes.get(axis, ()) for v in values)
+
     op, dims = assignment.get("op"), assignment.get("dims")
     if op is not None and dims is not None:
         k, v = map(int, dims.split("x"))
         if not OP_SUPPORT[op].supports_dims(k, v):
             return False
-    if assignment.get("beta") == "near2" and assignment.get("beta_mode") not in (None, "negeig"):
+    if assignment.get("beta") == "near2" and not can("beta_mode", "negeig"):
         return False
-    if assignment.get("lengths") == "ragged" and assignment.get("layout") not in (None, "thd"):
+    if assignment.get("beta_mode") in ("plain", "sigmoid") and assignment.get("beta") == "near2":
         return False
+    if assignment.get("lengths") == "ragged" and not can("layout", "thd"):
+        return False
+    if assignment.get("layout") in ("bshd", "sbhd", "bhsd") and assignment.get("lengths") == "ragged":
+        return False
+    if assignment.get("guard") == "on":
+        if not can("l2norm", "on"):
+            return False
+        if not can("op", *(o for o, sup in OP_SUPPORT.items() if "beta_guard" in sup.flags)):
+            return False
+    if assignment.get("l2norm") == "off" and assignment.get("guard") == "on":
+        return False
+    # A state that lives thousands of tokens is only tested when something carries it: an initial state and a
+    # continuation split, on sequences of several chunks (matrix.row_to_case draws those lengths).
+    if assignment.get("gate") == "long" and not (can("h0", "on") and can("cont", "on")):
+        return False
+    # beta 'zero' writes nothing; without an initial state nothing is read either, so only a backward judges the
+    # kernel — dbeta, which a saturated sigmoid (logit -30) flattens to ~1e-13, or GDN2's dw, which no sigmoid
+    # touches. Such a case must have a backward that sees something, or a kernel that writes zeros passes it.
+    if assignment.get("beta") == "zero":
+        backward_sees = can("bwd", "on") and (can("beta_mode", "plain") or can("op", "gdn2"))
+        if not (can("h0", "on") or backward_sees):
+            return False
     return True

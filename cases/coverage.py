@@ -40,11 +40,11 @@ def pair_coverage(cases, axes=None) -> tuple[int, int, list]:
     return interaction_coverage(cases, axes, 2)
 
 
-def coverage_table(cases, axes=None) -> str:
-    """Counts per axis value, size statistics, pair and triple coverage, as readable text.
+def coverage_table(cases, axes=None, compatible: Callable[[dict], bool] = compatible) -> str:
+    """``N cases`` on the first line, then size statistics, counts per axis value, pair and triple coverage.
 
-    Coverage is measured against `axes`, by default the tier's own axes when all cases share a tier
-    (L0 leaves out 256-dim GDN, L2 a few flag values) and MAIN_AXES otherwise.
+    Coverage is measured against `axes` (by default the tier's own axes when all cases share a tier, MAIN_AXES
+    otherwise) and `compatible` (by default the op-level rules; a backend's envelope for `list --backend`).
     """
     cases = list(cases)
     if not cases:
@@ -58,17 +58,18 @@ def coverage_table(cases, axes=None) -> str:
     width = max(map(len, axes))
     tokens = [c.total_tokens for c in cases]
     lines = [
-        f"{len(cases)} cases; tokens per case min {min(tokens)} / median {sorted(tokens)[len(tokens) // 2]}"
-        f" / max {max(tokens)}; max heads {max(c.HO for c in cases)}; "
-        f"sequences per case max {max(c.N for c in cases)}",
+        f"{len(cases)} cases",
+        f"tokens per case min {min(tokens)} / median {sorted(tokens)[len(tokens) // 2]} / max {max(tokens)}; "
+        f"max heads {max(c.HO for c in cases)}; sequences per case max {max(c.N for c in cases)}",
     ]
     for name, values in axes.items():
         listed = [f"{v}:{counts[name][v]}" for v in values]
         listed += [f"{v}:{n}" for v, n in sorted(counts[name].items()) if v not in values]
         lines.append(f"  {name:<{width}}  " + "  ".join(listed))
     for strength, label in ((2, "pairs"), (3, "triples")):
-        covered, total, missing = interaction_coverage(cases, axes, strength)
-        lines.append(f"{label} of axis values covered: {covered}/{total} ({100.0 * covered / total:.1f}%)")
+        covered, total, missing = interaction_coverage(cases, axes, strength, compatible=compatible)
+        percent = 100.0 * covered / total if total else 100.0
+        lines.append(f"{label} of axis values covered: {covered}/{total} ({percent:.1f}%)")
         if missing and strength == 2:
             shown = ", ".join("&".join(f"{a}={x}" for a, x in t) for t in missing[:6])
             lines.append(f"  missing (first 6): {shown}")

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Sequence
 
-from .axes import LENGTH_KINDS, MAIN_AXES, ON_OFF
-from .covering import covering_rows
+from .axes import LENGTH_KINDS, MAIN_AXES, ON_OFF, axis_values
+from .covering import covering_rows, joint_covering_rows, row_interactions
+from .envelope import Envelope
 from .kexpr import compile_k
 from .spec import IO_DTYPES, LAYOUTS, STATE_DTYPES, TIERS, Case, CaseError
 from .support import HEAD_CONFIGS, OP_SUPPORT
@@ -42,6 +44,14 @@ _L2_ONE = (16384, 32768, 65536, 65535)
 _L2_BATCH = ((4, 16384), (8, 8192), (2, 65536), (64, 1024))
 
 _CUSTOM_SCALES = (0.5, 1.0, 0.0625)
+
+# The 'long' gate profile keeps a state for thousands of tokens: its cases span several 64-token chunks and are
+# split off chunk boundaries, so a hand-off that only rescales the carried state shows.
+_LONG = {
+    "L0": {"one": ((320,), (257,)), "batch": ((257, 257), (200, 200)), "ragged": ((257, 0, 300), (1, 300, 192))},
+    "L1": {"one": ((2000,), (4500,)), "batch": ((3000, 3000), (1500,) * 4), "ragged": ((3000, 0, 1500, 777),)},
+    "L2": {"one": ((32768,),), "batch": ((16384, 16384),), "ragged": ((20000, 0, 9000, 1),)},
+}
 
 
 def _ragged_lengths(tier: str, rng: random.Random) -> tuple[int, ...]:
@@ -80,9 +90,12 @@ def _lengths(kind: str, tier: str, rng: random.Random, splittable: bool) -> tupl
     return _ragged_lengths(tier, rng)
 
 
-def _splits(seqlens: tuple[int, ...], rng: random.Random) -> tuple[int, ...]:
+def _splits(seqlens: tuple[int, ...], rng: random.Random, off_boundary: bool = False) -> tuple[int, ...]:
     longest = max(seqlens)
-    options = sorted({s for s in (1, 63, 64, 65, longest // 2, longest // 3, longest - 1) if 0 < s < longest})
+    if off_boundary:  # a split strictly inside a chunk, well past the first one
+        options = sorted({s for s in (longest // 3, longest // 2, 2 * longest // 3) if 64 < s < longest and s % 64})
+    else:
+        options = sorted({s for s in (1, 63, 64, 65, longest // 2, longest // 3, longest - 1) if 0 < s < longest})
     if not options:
         return ()
     count = min(len(options), rng.choice((1, 1, 2)))
@@ -92,19 +105,23 @@ def _splits(seqlens: tuple[int, ...], rng: random.Random) -> tuple[int, ...]:
 def row_to_case(row: dict[str, str], tier: str, rng: random.Random, seed: int = 0) -> Case:
     """Make a covering-array row concrete (head counts, lengths, splits and scale drawn from `rng`)."""
     k, v = map(int, row["dims"].split("x"))
-    seqlens = _lengths(row["lengths"], tier, rng, splittable=row["cont"] == "on")
+    long_gate = row["gate"] == "long"
+    if long_gate:
+        seqlens = rng.choice(_LONG[tier][row["lengths"]])
+    else:
+        seqlens = _lengths(row["lengths"], tier, rng, splittable=row["cont"] == "on")
     h, hk, hv = rng.choice(_HEADS[tier][row["heads"]])
     gate_mode = row["gate_mode"]
     return Case(
         op=row["op"], io_dtype=row["io_dtype"], state_dtype=row["state_dtype"], layout=row["layout"],
         seqlens=seqlens, H=h, HK=hk, HV=hv, K=k, V=v, gate=row["gate"], beta_profile=row["beta"],
-        l2norm=row["l2norm"] == "on",
+        l2norm=row["l2norm"] == "on", beta_guard=row.get("guard") == "on",
         beta_sigmoid=row["beta_mode"] != "plain", neg_eigval=row["beta_mode"] == "negeig",
         gate_domain="linear" if gate_mode == "linear" else "log",
         safe_gate=gate_mode.startswith("safe"), a_log="alog" in gate_mode, dt_bias="dtbias" in gate_mode,
         scale=rng.choice(_CUSTOM_SCALES) if row["scale"] == "custom" else None,
         initial_state=row["h0"] == "on",
-        splits=_splits(seqlens, rng) if row["cont"] == "on" else (),
+        splits=_splits(seqlens, rng, off_boundary=long_gate) if row["cont"] == "on" else (),
         backward=row["bwd"] == "on", seed=seed, tier=tier,
     )
 
@@ -138,15 +155,11 @@ _L0_PINNED = (
     "gdn2-fp16-bshd-N2-L64-H2/2/4-K64-V64-zero-l2norm-sigmoid-guard-bwd",
 )
 
-# L0: every pair, plus these triples, so each op meets every layout x dtype, every gate profile in
-# every gate mode, every beta profile in every beta mode, and every layout x length kind x head config.
-_L0_TRIPLE_AXES = (
-    ("op", "io_dtype", "state_dtype", "layout"),
-    ("op", "gate", "gate_mode"),
-    ("op", "beta_mode", "beta"),
-    ("op", "layout", "lengths", "heads"),
-)
-_L0_AXES = {**MAIN_AXES, "dims": tuple(d for d in MAIN_AXES["dims"] if "256" not in d)}
+# L0: every pair, plus every op x layout x dtype triple; the fused kernels' own pairs come from their envelopes
+# (envelope_cases). Dims: the powers of two a library specializes on, one that is not (96), K != V both ways
+# (32 and 256 are L1's: every head-dim value is a kernel specialization a GPU lane compiles cold).
+_L0_TRIPLE_AXES = (("op", "io_dtype", "state_dtype", "layout"),)
+_L0_AXES = {**MAIN_AXES, "dims": ("64x64", "128x128", "96x96", "64x128", "128x64")}
 _L1_REPLICAS = 4
 
 _L2_AXES = {
@@ -162,6 +175,7 @@ _L2_AXES = {
     "beta_mode": ("plain", "sigmoid"),
     "beta": ("uniform",),
     "l2norm": ("on",),
+    "guard": ON_OFF,
     "scale": ("default",),
     "h0": ON_OFF,
     "cont": ON_OFF,
@@ -171,8 +185,8 @@ _L2_AXES = {
 # The axes (and values) each tier's generator covers; coverage is reported against these.
 TIER_AXES = {"L0": _L0_AXES, "L1": MAIN_AXES, "L2": _L2_AXES}
 
-# Budgets the tests hold the tiers to.
-TIER_BUDGETS = {"L0": (60, 150), "L1": (1000, 2000), "L2": (20, 200)}
+# Budgets the tests hold the tiers to (with every fused backend's envelope cases).
+TIER_BUDGETS = {"L0": (150, 300), "L1": (1000, 2500), "L2": (20, 200)}
 L0_MAX_TOKENS = 600
 L0_MAX_HEADS = 4
 
@@ -182,7 +196,8 @@ def _dedupe(cases) -> tuple[Case, ...]:
 
 
 @functools.cache
-def _build_tier(tier: str) -> tuple[Case, ...]:
+def _reference_tier(tier: str) -> tuple[Case, ...]:
+    """The reference-level covering array of a tier: the op's axes, whoever can run them."""
     if tier == "L0":
         rng = random.Random("deltacheck-L0")
         rows = covering_rows(_L0_AXES, rng, triple_groups=_L0_TRIPLE_AXES)
@@ -204,16 +219,41 @@ def _build_tier(tier: str) -> tuple[Case, ...]:
     raise CaseError("tier", f"expected one of {', '.join(TIERS)}; got {tier!r}")
 
 
-def tier_cases(tier: str) -> list[Case]:
-    """The cases of a tier, in a stable order (same list in every process)."""
-    return list(_build_tier(tier))
+def envelope_cases(envelopes: Sequence[Envelope], tier: str, existing: list[Case]) -> list[Case]:
+    """One covering array over the axis values inside each envelope at ``tier``, made only of the rows the
+    ``existing`` cases leave uncovered, rows served by several envelopes preferred (cuDNN and FLA share cases
+    where they overlap)."""
+    groups = []
+    for envelope in envelopes:
+        axes = envelope.axes(TIER_AXES[tier])
+        covered = set()
+        for case in existing:
+            if envelope.contains(case):
+                covered |= row_interactions(axis_values(case), axes)
+        groups.append((axes, functools.partial(envelope.compatible, base=TIER_AXES[tier]), covered))
+    rng = random.Random(f"deltacheck-{tier}-envelopes")
+    made = [row_to_case(row, tier, rng) for row in joint_covering_rows(groups, rng)]
+    for case in made:  # a concrete draw (heads, lengths) must stay inside what its row was chosen for
+        if not any(e.contains(case) for e in envelopes):
+            raise ValueError(f"generated {case.id} lies inside no envelope: the generator and the envelopes disagree")
+    return made
 
 
-def select(tier: str = "L0", op: str | None = None, k: str | None = None) -> list[Case]:
+def tier_cases(tier: str, envelopes: Sequence[Envelope] = ()) -> list[Case]:
+    """The cases of a tier, in a stable order (same list in every process): the reference-level array, then
+    the cases that cover each envelope's pairs not covered yet."""
+    cases = list(_reference_tier(tier))
+    if envelopes:
+        cases += envelope_cases(envelopes, tier, cases)
+    return list(_dedupe(cases))
+
+
+def select(tier: str = "L0", op: str | None = None, k: str | None = None,
+           envelopes: Sequence[Envelope] = ()) -> list[Case]:
     """The cases of `tier`, optionally only those of `op` and those whose id matches the `-k` expression."""
     if op is not None and op not in OP_SUPPORT:
         raise CaseError("op", f"expected one of {', '.join(OP_SUPPORT)}; got {op!r}")
-    cases = tier_cases(tier)
+    cases = tier_cases(tier, envelopes)
     if op is not None:
         cases = [c for c in cases if c.op == op]
     if k:

@@ -62,6 +62,10 @@ class OpSupport:
         return K in self.key_dims and V in self.value_dims
 
 
+# Head dims the math (and the reference) takes; each backend's envelope says which it serves (cuDNN FROST: 64 and
+# 128; FLA: K <= 256). Non-powers of two are where masking bugs live.
+HEAD_DIMS = (32, 64, 96, 128, 256)
+
 # beta_guard is GDN2's alone (cuDNN's erase-side safeguard on the per-channel erase gate).
 _COMMON_FLAGS = ALL_FLAGS - {"beta_guard"}
 
@@ -70,8 +74,8 @@ OP_SUPPORT: dict[str, OpSupport] = {
         op="gdn",
         io_dtypes=("bf16", "fp16"),
         state_dtypes=("fp32", "bf16"),
-        key_dims=(64, 128, 256),
-        value_dims=(64, 128, 256),
+        key_dims=HEAD_DIMS,
+        value_dims=HEAD_DIMS,
         head_configs=HEAD_CONFIGS,
         flags=_COMMON_FLAGS,
         gate_shape=("T", "HO"),
@@ -86,8 +90,8 @@ OP_SUPPORT: dict[str, OpSupport] = {
         op="kda",
         io_dtypes=("bf16", "fp16"),
         state_dtypes=("fp32", "bf16"),
-        key_dims=(64, 128),
-        value_dims=(64, 128),
+        key_dims=HEAD_DIMS,
+        value_dims=HEAD_DIMS,
         head_configs=HEAD_CONFIGS,
         flags=_COMMON_FLAGS,
         gate_shape=("T", "HO", "K"),
@@ -102,8 +106,8 @@ OP_SUPPORT: dict[str, OpSupport] = {
         op="gdn2",
         io_dtypes=("bf16", "fp16"),
         state_dtypes=("fp32", "bf16"),
-        key_dims=(64, 128),
-        value_dims=(64, 128),
+        key_dims=HEAD_DIMS,
+        value_dims=HEAD_DIMS,
         head_configs=HEAD_CONFIGS,
         flags=ALL_FLAGS,
         gate_shape=("T", "HO", "K"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from deltacheck.cases.envelope import EnvelopeUnion
 from deltacheck.cases.support import OPS
 
 from .backends.base import Backend, BackendLoadError, Verdict, get_backend
@@ -138,3 +139,42 @@ def availability_records(backend_specs: list[str], env, required) -> dict[tuple[
                                       "backward_reason": v.backward_reason, "notes": list(v.notes),
                                       "required": (spec, op) in required}
     return records
+
+
+def backend_envelope(spec: str, op: str, *, env=None, sm: int | None = None, backend=None) -> EnvelopeUnion | None:
+    """What ``spec`` declares it serves for ``op`` (its optional ``envelopes(op, env=, sm=)`` hook): on ``env``
+    (this machine), or on architecture ``sm``, or anywhere. None when the backend declares no envelope."""
+    if backend is None:
+        backend, _ = load_backend(spec)
+    hook = getattr(backend, "envelopes", None)
+    if not callable(hook):
+        return None
+    members = tuple(hook(op, env=env, sm=sm))
+    where = f" SM{env.sm}" if env is not None and env.sm else f" SM{sm}" if sm is not None else ""
+    return EnvelopeUnion(f"{spec} {op}{where}", op, members)
+
+
+def envelope_verdict(backend, spec: str, case, env, verdict: Verdict) -> dict:
+    """Compare the library's verdict on ``case`` with what the backend declares it serves on this machine.
+
+    Only when our floors hold (the library was asked): ``{"envelope": name, "envelope_inside": bool,
+    "envelope_backward_inside": bool, "envelope_disagreement": text}`` — the text empty when they agree. A
+    decline inside the envelope, or a run outside it, is the visible note that keeps an envelope from drifting.
+    """
+    if not pair_availability(backend, spec, case.op, env).runnable:
+        return {}
+    envelope = backend_envelope(spec, case.op, env=env, backend=backend)
+    if envelope is None:
+        return {}
+    forward, backward = envelope.serves(case)
+    disagreement = ""
+    if not verdict.runnable and forward:
+        disagreement = f"declined inside its declared envelope ({envelope.name}): {verdict.reason}"
+    elif verdict.runnable and not forward:
+        disagreement = f"ran outside its declared envelope ({envelope.why_not(case) or envelope.name})"
+    elif verdict.runnable and case.backward and verdict.backward != backward:
+        disagreement = (f"refused the backward inside its declared envelope ({envelope.name}): "
+                        f"{verdict.backward_reason}" if backward else
+                        f"ran the backward outside its declared envelope ({envelope.why_not(case)})")
+    return {"envelope": envelope.name, "envelope_inside": forward, "envelope_backward_inside": backward,
+            "envelope_disagreement": disagreement}

@@ -12,7 +12,7 @@ from deltacheck import __version__
 # Modules exposing ``add_cli(subparsers)``; each parser sets ``func(args) -> int`` (the exit status).
 # Listed in the order `--help` shows them: what to run first, then inspection, then reporting.
 COMMAND_MODULES = [
-    "deltacheck.cases.cli",
+    "deltacheck.harness.commands.list",
     "deltacheck.harness.commands.run",
     "deltacheck.harness.commands.env",
     "deltacheck.reports.cli",

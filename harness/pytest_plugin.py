@@ -81,7 +81,7 @@ def _specs(config) -> list[str]:
 def pytest_generate_tests(metafunc):
     if "dc_task" not in metafunc.fixturenames:
         return
-    from deltacheck.cases import select
+    from .tiers import select
 
     config = metafunc.config
     cases = []

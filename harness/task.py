@@ -12,7 +12,7 @@ import traceback
 from collections import Counter
 from typing import Any
 
-from .availability import case_verdict
+from .availability import case_verdict, envelope_verdict
 from .backends.base import BackendLoadError, get_backend
 from .results import Result
 
@@ -83,7 +83,11 @@ def run_task(runner, case, spec: str, env, sink=None) -> list[Result]:
     except Exception as exc:  # noqa: BLE001 - a crashing check is that case's error, not the run's end
         return error(f"check() raised {type(exc).__name__}: {exc}")
     try:
-        runner.run(case, backend, spec, verdict, env, sink=emit)
+        note = envelope_verdict(backend, spec, case, env, verdict)
+    except Exception as exc:  # noqa: BLE001 - an envelope that cannot judge is noted, never the task's end
+        note = {"envelope_disagreement": f"the envelope could not be evaluated: {type(exc).__name__}: {exc}"}
+    try:
+        runner.run(case, backend, spec, verdict, env, sink=emit, forward_metrics=note)
     except Exception as exc:  # noqa: BLE001 - the harness's own failure on one case must not end the run
         return error(f"harness error: {type(exc).__name__}: {exc}",
                      metrics={"traceback": traceback.format_exc(limit=-4)})

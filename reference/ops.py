@@ -66,7 +66,7 @@ def _run(
     q, k, v, g, beta, w, cu_seqlens, *,
     scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
     allow_neg_eigval, gate_domain, safe_gate, gate_lower_bound, a_log, dt_bias,
-    layout, state_layout, method, compute_dtype, chunk_size, beta_guard=False,
+    layout, state_layout, method, compute_dtype, chunk_size, beta_guard=False, guard_dtype=None,
 ):
     layouts.check_layout(layout)
     layouts.check_state_layout(state_layout)
@@ -176,7 +176,9 @@ def _run(
     # fully decayed gate is log(0) = -inf, and sigmoid(-30) flushes to 0. The recurrence itself then
     # runs in compute_dtype (bf16/fp16 for the same-precision baseline).
     cd = compute_dtype if compute_dtype.itemsize >= 4 else torch.float32
-    io_dtype = q.dtype
+    # The guard rounds its candidate betas to the kernel's io dtype (FE 1.32 frost/common/beta_guard.py); an fp64
+    # reference fed upcast inputs must round to the same dtype as the bf16/fp16 kernel it judges.
+    io_dtype = guard_dtype if guard_dtype is not None else q.dtype
     q, k, v, g, beta = (x.to(cd) for x in (q, k, v, g, beta))
     w = w.to(cd) if w is not None else None
     a_log = a_log.to(cd) if a_log is not None else None
@@ -300,12 +302,14 @@ def gdn2(
     use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
     gate_domain="log", safe_gate=False, gate_lower_bound=DEFAULT_GATE_LOWER_BOUND, a_log=None, dt_bias=None,
     layout="thd", state_layout="vk", method="oracle", compute_dtype=torch.float64, chunk_size=64, beta_guard=False,
+    guard_dtype=None,
 ):
     """Gated DeltaNet 2: channel-wise decay ``g [T, HO, K]``, erase gate ``beta [T, HO, K]`` and write
     gate ``w [T, HO, V]``.
 
     ``S <- Diag(exp g_t) S;  S <- S + k_t (w_t*v_t - S^T (beta_t*k_t))^T;  o_t = scale * S^T q_t``.
-    ``beta_guard=True`` (needs l2norm) applies cuDNN's erase-side safeguard, see ``guarded_beta``.
+    ``beta_guard=True`` (needs l2norm) applies cuDNN's erase-side safeguard, see ``guarded_beta``; it rounds its
+    candidates to ``guard_dtype`` (default: q's dtype) — pass the kernel's io dtype when q is upcast.
     """
     return _run(
         _SPECS["gdn2"], q, k, v, g, beta, w, cu_seqlens, scale=scale, initial_state=initial_state,
@@ -313,7 +317,7 @@ def gdn2(
         use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
         gate_domain=gate_domain, safe_gate=safe_gate, gate_lower_bound=gate_lower_bound, a_log=a_log,
         dt_bias=dt_bias, layout=layout, state_layout=state_layout, method=method, compute_dtype=compute_dtype,
-        chunk_size=chunk_size, beta_guard=beta_guard,
+        chunk_size=chunk_size, beta_guard=beta_guard, guard_dtype=guard_dtype,
     )
 
 

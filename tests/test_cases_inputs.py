@@ -9,8 +9,9 @@ import sys
 import pytest
 import torch
 
-from deltacheck.cases import Case, make_inputs, make_weights, tensor_digest, tier_cases
+from deltacheck.cases import Case, make_inputs, make_weights, tensor_digest
 from deltacheck.cases.inputs import stream_key
+from deltacheck.harness.tiers import tier_cases
 
 # A spread of ids: every op, every layout, every gate mode, h0, edges of ragged lengths.
 SAMPLE_IDS = [
@@ -24,7 +25,8 @@ SAMPLE_IDS = [
 
 # Runs in this process and, verbatim, in a fresh interpreter.
 _DIGEST_CODE = """
-from deltacheck.cases import Case, make_inputs, make_weights, tensor_digest, tier_cases
+from deltacheck.cases import Case, make_inputs, make_weights, tensor_digest
+from deltacheck.harness.tiers import tier_cases
 
 def digests(ids):
     out = {}

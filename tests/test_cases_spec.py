@@ -132,8 +132,8 @@ def test_tiny_scale_survives_the_id_without_a_dash():
     ("gdn-bf16-thd-N1-T[5]-H2/2-K64-V64-mild", "H"),
     ("gdn-bf16-thd-N1-T[5]-H4/4/2-K64-V64-mild", "HK"),
     ("gdn-bf16-thd-N1-T[5]-H3/2/2-K64-V64-mild", "HK"),
-    ("kda-bf16-thd-N1-T[5]-H2/2/2-K256-V64-mild", "K"),
-    ("gdn-bf16-thd-N1-T[5]-H2/2/2-K64-V96-mild", "V"),
+    ("kda-bf16-thd-N1-T[5]-H2/2/2-K48-V64-mild", "K"),
+    ("gdn-bf16-thd-N1-T[5]-H2/2/2-K64-V512-mild", "V"),
     ("gdn-bf16-thd-N1-T[5]-H2/2/2-K64-V64-gentle", "gate"),
     ("gdn-bf16-thd-N1-T[5]-H2/2/2-K64-V64-mild-state_fp16", "state_dtype"),
     ("gdn-bf16-thd-N1-T[5]-H2/2/2-K64-V64-mild-beta_two", "beta_profile"),
@@ -172,8 +172,8 @@ def test_invalid_ids_name_the_field(text, field):
     ({"gate_domain": "exp"}, "gate_domain"),
     ({"a_log": True}, "a_log"),
     ({"dt_bias": True}, "dt_bias"),
-    ({"op": "kda", "K": 256}, "K"),
-    ({"op": "gdn2", "V": 256}, "V"),
+    ({"op": "kda", "K": 48}, "K"),
+    ({"op": "gdn2", "V": 512}, "V"),
     ({"H": 4, "HK": 4, "HV": 2}, "HK"),
     ({"H": 0, "HK": 0, "HV": 0}, "H"),
     ({"scale": -1.0}, "scale"),
@@ -227,7 +227,8 @@ def test_op_support_is_the_declared_contract():
         assert set(support.io_dtypes) == set(IO_DTYPES) and set(support.state_dtypes) == set(STATE_DTYPES)
         assert {64, 128} <= set(support.key_dims) and {64, 128} <= set(support.value_dims)
         assert set(support.head_configs) == {"mha", "gqa", "gva"}
-    assert 256 in OP_SUPPORT["gdn"].key_dims and 256 not in OP_SUPPORT["kda"].key_dims
+    # head dims are the math's (each backend's envelope narrows them): non-powers of two and K != V included
+    assert all(s.key_dims == s.value_dims == (32, 64, 96, 128, 256) for s in OP_SUPPORT.values())
     assert OP_SUPPORT["gdn"].dt_bias_shape == ("HO",) and OP_SUPPORT["kda"].dt_bias_shape == ("HO", "K")
     assert OP_SUPPORT["gdn2"].gate_lower_bound == -5.0 and OP_SUPPORT["gdn2"].write_gate
 

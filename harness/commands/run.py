@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from deltacheck.cases import Case, CaseError, select
+from deltacheck.cases import Case, CaseError
 from deltacheck.cases.support import OPS
 from deltacheck.harness import pool
 from deltacheck.harness.availability import case_verdict, load_backend
@@ -22,6 +22,7 @@ from deltacheck.harness.execute import execute
 from deltacheck.harness.required import RequireSpecError, required_pairs
 from deltacheck.harness.rundir import ResumeError
 from deltacheck.harness.runner import RunOptions
+from deltacheck.harness.tiers import select
 
 FUSED_DEFAULT = ("cudnn", "fla")
 

@@ -227,6 +227,13 @@ class CudnnBackend:
         """Our floors for ``cudnn:op`` from the Env alone (facts.py); no import of cuDNN."""
         return facts.pair_verdict(op, env)
 
+    def envelopes(self, op: str, env=None, sm: int | None = None):
+        """The engines (facts.ENVELOPES) that serve ``op`` on ``env`` (its SM and runtimes), or on a GPU of
+        architecture ``sm`` with no optional runtime, or anywhere (neither given)."""
+        if env is not None:
+            return facts.envelopes(op, env.sm, facts.runtimes(env)) if env.cuda else []
+        return facts.envelopes(op, sm, frozenset() if sm is not None else None)
+
     def check(self, case, env) -> Verdict:
         return floors_then_library(self.pair_verdict(case.op, env), lambda: self._library_verdict(case))
 

@@ -12,6 +12,7 @@ NaNs) stays runnable with a ``KNOWN-WRONG`` note, so release qualification can s
 
 from __future__ import annotations
 
+from deltacheck.cases.envelope import Envelope
 from deltacheck.harness.availability import gathered, no_cuda_reason
 from deltacheck.harness.environment import Env, version_below
 
@@ -150,3 +151,62 @@ def pair_verdict(op: str, env: Env) -> Verdict:
         parts = [f"{name} needs: {'; '.join(u)}" for name, u in paths.items()]
         unmet.append(f"no engine can run {scope} — " + " || ".join(parts))
     return gathered(pair, unmet, notes)
+
+
+# --------------------------------------------------------------------------------------------------
+# Envelopes: which cases each engine serves, read in FE 1.32's per-engine check_support (paths below are inside
+# cudnn/linear_attention/). The library's planner stays authoritative at run time; a disagreement is noted.
+
+_FROST_DIMS = ("64x64", "128x128", "64x128", "128x64")  # frost/*_engine.py: K, V each in {64, 128}
+_SAFE = ("safe", "safe_alog", "safe_dtbias", "safe_alog_dtbias")
+
+
+def _frost(op: str) -> Envelope:
+    return Envelope(f"cudnn {op}_frost", op, allowed={"dims": _FROST_DIMS}, sms=FROST_SMS,
+                    source=f"frost/{op}_engine.py check_support, frost/engine.py frost_la_gate")
+
+
+_CUTILE_COMMON = {
+    "heads": ("mha", "gva"),  # cutile/engine.py: HK == H and HV % H == 0 ("GQA-style v broadcast is FROST-only")
+    "state_dtype": ("fp32",),  # cutile/engine.py: states fp32 only
+    "gate_mode": ("log", *_SAFE),  # no gate_domain='linear'
+}
+
+ENVELOPES: dict[str, tuple[Envelope, ...]] = {
+    "gdn": (
+        _frost("gdn"),
+        Envelope("cudnn gdn_cutile", "gdn", allowed={**_CUTILE_COMMON, "beta_mode": ("plain",)},
+                 backward_allowed={"gate_mode": ("log",)}, needs="cutile",  # "safe_gate is forward-only"
+                 source="cutile/gdn_engine.py check_support, cutile/engine.py cutile_la_gate"),
+    ),
+    "kda": (
+        _frost("kda"),
+        Envelope("cudnn kda_hopper_cuda", "kda", sms=(HOPPER_SM,), allowed={
+            "io_dtype": ("bf16",), "dims": ("128x128",), "heads": ("mha", "gva"),
+            "gate_mode": ("log", "safe_alog_dtbias"),  # safe_gate only with both a_log and dt_bias
+            "beta_mode": ("plain", "sigmoid"),  # allow_neg_eigval declined
+        }, backward_allowed={
+            "heads": ("mha",), "l2norm": ("off",), "beta_mode": ("plain",), "gate_mode": ("log",),
+            "scale": ("default",),  # the backward takes pre-normalized q/k, post-sigmoid beta, 1/sqrt(128)
+        }, source="hopper/cuda_engine.py check_support"),
+        Envelope("cudnn kda_hopper", "kda", sms=(HOPPER_SM,), backward=False, allowed={
+            "io_dtype": ("bf16",), "dims": ("128x128",), "heads": ("mha",), "state_dtype": ("fp32",),
+            "l2norm": ("off",), "beta_mode": ("plain",), "gate_mode": ("log",), "scale": ("default",),
+        }, source="hopper/kda_engine.py check_support"),
+        Envelope("cudnn kda_cutile", "kda", allowed={**_CUTILE_COMMON, "beta_mode": ("plain", "sigmoid")},
+                 backward_allowed={"gate_mode": ("log",), "beta_mode": ("plain",),
+                                   "dims": ("128x128", "64x128")},  # the backward needs V == 128
+                 needs="cutile", source="cutile/kda_engine.py check_support"),
+    ),
+    "gdn2": (_frost("gdn2"),),  # FROST only: no cuTile, no Hopper engine
+}
+
+
+def runtimes(env: Env) -> frozenset[str]:
+    """The optional runtimes this machine has that some engine needs beyond its architecture."""
+    return frozenset({"cutile"}) if env.cuda and not _cutile_unmet(env) else frozenset()
+
+
+def envelopes(op: str, sm: int | None = None, present: frozenset[str] | None = None) -> list[Envelope]:
+    """The engines that serve ``op`` on architecture ``sm`` with the ``present`` runtimes (None: any)."""
+    return [e for e in ENVELOPES.get(op, ()) if e.applies(sm, present)]

@@ -179,6 +179,13 @@ class FlaBackend:
         """Our floors for this flavour and op from the Env alone (facts.py); no import of FLA."""
         return facts.pair_verdict(self.name, op, env)
 
+    def envelopes(self, op: str, env=None, sm: int | None = None):
+        """FLA's envelope for ``op`` (any CUDA GPU; ``sm`` does not narrow it); on ``env``, without a GPU none,
+        and its backward as FLA's own Hopper guard decides."""
+        if env is not None and not env.cuda:
+            return []
+        return facts.envelopes(self.name, op, env)
+
     def check(self, case, env) -> Verdict:
         return floors_then_library(self.pair_verdict(case.op, env), lambda: self._library_verdict(case))
 

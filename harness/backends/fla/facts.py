@@ -8,6 +8,9 @@ Sources (fla-core 0.6.0; docs/libraries.md keeps the details): ``fla/utils/env.p
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from deltacheck.cases.envelope import Envelope
 from deltacheck.harness.availability import gathered, no_cuda_reason
 from deltacheck.harness.environment import Env, version_below, version_in
 
@@ -70,3 +73,39 @@ def pair_verdict(backend: str, op: str, env: Env) -> Verdict:
                 f"(3.4.0 <= triton < 3.7.1 gives wrong gradients, FLA #640); pip install -U 'triton>=3.7.1'"
             )
     return gathered(pair, unmet, notes, backward_reason=backward_reason)
+
+
+# --------------------------------------------------------------------------------------------------
+# Envelopes: what FLA's kernels express (fla/ops/*/chunk.py asserts and signatures; docs/libraries.md). FLA has
+# no planner that declines: what it cannot express the adapter declines with these facts' reasons.
+
+_LOG_GATES = ("log", "safe", "safe_alog", "safe_dtbias", "safe_alog_dtbias")  # no gate_domain='linear'
+
+
+def _chunk(op: str, **allowed) -> Envelope:
+    return Envelope(f"fla {CHUNK[op][1]}", op, allowed={"heads": ("mha", "gva"), "gate_mode": _LOG_GATES,
+                                                       "guard": ("off",), **allowed},
+                    source=f"fla/ops/{op if op != 'gdn' else 'gated_delta_rule'}/chunk.py")
+
+
+CHUNK_ENVELOPES = {
+    "gdn": _chunk("gdn"),
+    "kda": _chunk("kda"),
+    "gdn2": _chunk("gdn2", heads=("mha",), beta_mode=("plain",)),  # one head count; b is post-activation
+}
+RECURRENT_ENVELOPES = {
+    op: Envelope(f"fla {RECURRENT[op][1]}", op, backward=False,
+                 allowed={**env.allowed, "heads": ("mha", "gva")}, source=f"fla/ops/*/fused_recurrent.py ({op})")
+    for op, env in CHUNK_ENVELOPES.items()
+}
+
+
+def envelopes(backend: str, op: str, env: Env | None = None) -> list[Envelope]:
+    """FLA's envelope for ``op`` (any CUDA GPU); on ``env`` its backward follows FLA's own Hopper guard."""
+    table = RECURRENT_ENVELOPES if backend == "fla-recurrent" else CHUNK_ENVELOPES
+    if op not in table:
+        return []
+    envelope = table[op]
+    if env is not None and envelope.backward and not pair_verdict(backend, op, env).backward:
+        envelope = replace(envelope, backward=False)
+    return [envelope]
