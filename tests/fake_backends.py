@@ -4,6 +4,7 @@ import os
 
 import torch
 
+from deltacheck.cases.envelope import Envelope
 from deltacheck.harness.backends.base import Verdict, get_backend
 
 ALL_OPS = frozenset({"gdn", "kda", "gdn2"})
@@ -103,4 +104,95 @@ class Hanging(Working):
             import time
 
             time.sleep(600)
+        return super().run(case, inputs)
+
+
+class DecliningInside:
+    """Declares an envelope (K = V = 64) but declines every case at run time: each decline is a disagreement."""
+
+    name, ops = "declining-inside", frozenset({"kda"})
+    envelope = Envelope("declining-inside kda", "kda", allowed={"dims": ("64x64",)})
+
+    def envelopes(self, op, env=None, sm=None):
+        return [self.envelope] if op == "kda" else []
+
+    def check(self, case, env):
+        return Verdict.no("engine refused (fake)") if case.K == 64 else Verdict.ok()
+
+    def run(self, case, inputs):
+        return get_backend("oracle").run(case, inputs)
+
+
+class ZeroWriting(Working):
+    """A kernel that writes zeros: output, final state and every gradient (the graph is kept, so gradients are
+    zero tensors, not missing ones). It must fail at least one check of every generated case."""
+
+    name = "zero-writing"
+
+    def run(self, case, inputs):
+        anchor = sum(x.sum() for x in inputs.values() if isinstance(x, torch.Tensor) and x.requires_grad)
+        out, state = get_backend("oracle").run(case, {n: (x.detach() if isinstance(x, torch.Tensor) else x)
+                                                      for n, x in inputs.items()})
+        zero = 0.0 * anchor if torch.is_tensor(anchor) else 0.0
+        return torch.zeros_like(out) + zero, torch.zeros_like(state) + zero
+
+
+class Fp32Compute(Working):
+    """A well-made kernel: it reads its bf16/fp16 inputs, computes in fp32 and stores its output in the io dtype
+    (the state in fp32) — what a fused kernel does. The reference's chunked algorithm, at fp32."""
+
+    name = "fp32-compute"
+    gate_dtype = None  # a precision bug rounds the gate path to this dtype
+
+    def run(self, case, inputs):
+        from deltacheck import reference
+
+        io = inputs["q"].dtype
+        f32 = {n: (x.to(torch.float32) if isinstance(x, torch.Tensor) and x.is_floating_point() else x)
+               for n, x in inputs.items()}
+        if self.gate_dtype is not None:
+            f32["g"] = f32["g"].to(self.gate_dtype).to(torch.float32)
+        args = [f32["q"], f32["k"], f32["v"], f32["g"], f32["beta"]] + ([f32["w"]] if case.op == "gdn2" else [])
+        args.append(f32["cu_seqlens"] if case.layout == "thd" else None)
+        kwargs = {**case.reference_kwargs(), "initial_state": f32.get("initial_state"), "a_log": f32.get("a_log"),
+                  "dt_bias": f32.get("dt_bias"), "state_layout": "vk", "method": "chunked",
+                  "compute_dtype": torch.float32}
+        if case.beta_guard:
+            kwargs["guard_dtype"] = io
+        out, final_vk = getattr(reference, case.op)(*args, **kwargs)
+        return out.to(io), final_vk.transpose(-1, -2)
+
+
+def _bf16_chunk_cumsum(g: torch.Tensor, seqlens, chunk: int = 64) -> torch.Tensor:
+    """The per-token log-decays a kernel would recover from a chunk-local cumulative sum kept in bf16: G_t is
+    accumulated token by token in bf16 from each chunk's start, and g'_t = G_t - G_{t-1}. Packed [T, ...]."""
+    out = torch.empty_like(g)
+    start = 0
+    for length in seqlens:
+        for c0 in range(start, start + length, chunk):
+            total = torch.zeros_like(g[0], dtype=torch.bfloat16)
+            previous = torch.zeros_like(g[0])
+            for t in range(c0, min(c0 + chunk, start + length)):
+                total = (total.float() + g[t]).to(torch.bfloat16)
+                out[t] = total.float() - previous
+                previous = total.float()
+        start += length
+    return out
+
+
+class Fp32ComputeBf16Gate(Fp32Compute):
+    """The same kernel with one precision bug: the chunk-local cumulative sum of the log-decays accumulated in
+    bf16 (log-domain gates; other gate domains are left alone)."""
+
+    name = "fp32-compute-bf16-gate"
+
+    def run(self, case, inputs):
+        from deltacheck.reference import layouts
+
+        if case.gate_domain == "log" and not case.safe_gate:
+            g = layouts.to_thd(inputs["g"].float(), case.layout)
+            g = _bf16_chunk_cumsum(g, case.seqlens)
+            if case.layout != "thd":
+                g = layouts.from_thd(g, case.layout, case.N)
+            inputs = {**inputs, "g": g}
         return super().run(case, inputs)
