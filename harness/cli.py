@@ -14,6 +14,7 @@ from deltacheck import __version__
 COMMAND_MODULES = [
     "deltacheck.cases.cli",
     "deltacheck.harness.commands.run",
+    "deltacheck.harness.commands.frontier",
     "deltacheck.harness.commands.env",
     "deltacheck.reports.cli",
 ]
