@@ -348,10 +348,12 @@ def point_of(value: float, case: Case, results: list, reference_problem: str = "
     return point
 
 
-SEARCHES = {"gate": search_gate, "scale": search_scale}
-
-
 def search(axis: str, judge: Callable[[float], Point], length_cap: int = LENGTH_CAP["cpu"]) -> Frontier:
+    """The search of ``axis`` (``length_cap``: the length axis' largest T)."""
+    if axis == "gate":
+        return search_gate(judge)
     if axis == "length":
         return search_length(judge, length_cap)
-    return SEARCHES[axis](judge)
+    if axis == "scale":
+        return search_scale(judge)
+    raise ValueError(f"unknown axis {axis!r}; the axes are {', '.join(AXES)}")
