@@ -14,6 +14,7 @@ from deltacheck import __version__
 COMMAND_MODULES = [
     "deltacheck.harness.commands.list",
     "deltacheck.harness.commands.run",
+    "deltacheck.harness.commands.frontier",
     "deltacheck.harness.commands.env",
     "deltacheck.reports.cli",
 ]

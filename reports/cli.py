@@ -115,7 +115,8 @@ def add_cli(subparsers) -> None:
         "compare", help="compare two runs: new failures, fixed, worse, better, declined, coverage, versions",
         description="Match the results of two runs by (case id, backend, check) and list what changed, "
                     "with the environment and version differences first. Exit status 1 when something regressed "
-                    "(a new failure, a worse error, a newly declined or errored result), 0 otherwise, "
+                    "(a new failure, a worse error, a newly declined or errored result, a stability frontier that "
+                    "moved the wrong way), 0 otherwise, "
                     "2 when a run cannot be read.")
     c.add_argument("old", metavar="OLD", help="the baseline run directory")
     c.add_argument("new", metavar="NEW", help="the run directory to judge against it")

@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from .frontier import FrontierChange, compare_frontiers, comparison_section
 from .load import Run, number
 from .markdown import code, table
 from .summary import fmt_err, fmt_headroom
@@ -59,6 +60,7 @@ class Comparison:
     env_changes: list[tuple[str, str, str]] = field(default_factory=list)
     gate_changes: list[tuple[str, str, str, str]] = field(default_factory=list)
     coverage_changes: list[dict[str, Any]] = field(default_factory=list)
+    frontier_changes: list[FrontierChange] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def of_kind(self, kind: str) -> list[Change]:
@@ -69,8 +71,12 @@ class Comparison:
         return Counter(c.kind for c in self.changes)
 
     @property
+    def frontier_regressions(self) -> int:
+        return sum(c.kind == "regressed" for c in self.frontier_changes)
+
+    @property
     def regressed(self) -> bool:
-        return any(c.kind in REGRESSIONS for c in self.changes)
+        return any(c.kind in REGRESSIONS for c in self.changes) or self.frontier_regressions > 0
 
     @property
     def exit_status(self) -> int:
@@ -172,6 +178,7 @@ def compare_runs(old: Run, new: Run, factor: float = DEFAULT_FACTOR, floor: floa
     new_idx = _index(new, "the new run", cmp.notes)
     for key in sorted(set(old_idx) | set(new_idx)):
         cmp.changes.append(_classify(old_idx.get(key), new_idx.get(key), factor, floor))
+    cmp.frontier_changes = compare_frontiers(old.frontiers, new.frontiers)
 
     old_env, new_env = _flat_env(old), _flat_env(new)
     for name in sorted(set(old_env) | set(new_env)):
@@ -235,7 +242,9 @@ def _status(s: str | None) -> str:
 def render_comparison(cmp: Comparison) -> str:
     counts = cmp.counts
     if cmp.regressed:
-        what = ", ".join(f"{counts[k]} {_short(k, counts[k])}" for k, _, reg in KINDS if reg and counts[k])
+        what = ", ".join([f"{counts[k]} {_short(k, counts[k])}" for k, _, reg in KINDS if reg and counts[k]]
+                         + ([f"{cmp.frontier_regressions} frontier{'s' if cmp.frontier_regressions > 1 else ''} "
+                             "moved the wrong way"] if cmp.frontier_regressions else []))
         head = f"# deltacheck compare: REGRESSION ({what})"
     else:
         head = "# deltacheck compare: no regression"
@@ -253,6 +262,8 @@ def render_comparison(cmp: Comparison) -> str:
 
     if cmp.notes:
         out += ["## Read this first", ""] + [f"- {n}" for n in cmp.notes] + [""]
+
+    out += comparison_section(cmp.frontier_changes, table)
 
     out += ["## Changes by kind", ""]
     out += table(["kind", "results", "regression?"],

@@ -8,8 +8,9 @@ from collections.abc import Iterable
 from html import escape
 from typing import Any
 
+from .frontier import fmt_bound
 from .load import Run
-from .plots import PlotsUnavailable, make_plots
+from .plots import PlotsUnavailable, frontier_plots, make_plots
 from .summary import counts_line, fmt_err, fmt_headroom, short_env
 
 MAX_FAILURES_SHOWN = 200
@@ -58,9 +59,9 @@ def _count(n: int) -> Raw | int:
     return Raw(f"<span class=\"bad\">{n}</span>") if n else 0
 
 
-def _plots_html(run: Run) -> str:
+def _plots_html(run: Run, draw=make_plots) -> str:
     try:
-        plots = make_plots(run)
+        plots = draw(run)
     except PlotsUnavailable as exc:
         return f"<p class=\"warn\">No plots in this report: {escape(str(exc))}.</p>"
     parts = []
@@ -109,6 +110,19 @@ def render_html(run: Run, summary: dict[str, Any]) -> str:
 
     out.append("<h2>Plots</h2>")
     out.append(_plots_html(run))
+
+    if summary.get("frontiers"):
+        out.append("<h2>Stability frontiers</h2>")
+        out.append("<p>The last value that passed every judged check (forward, state, and the gradients where the "
+                   "backend runs a backward) and the first that failed; the failing points past a frontier are its "
+                   "measurement, and they count as failed checks in this report.</p>")
+        out.append(_table(
+            ["backend", "op", "dtype", "axis", "last pass", "first fail", "resolution", "points", "base case",
+             "first failing point"],
+            [[f["backend"], f["op"], f["dtype"], f["axis"], fmt_bound(f["last_pass"]), fmt_bound(f["first_fail"]),
+              fmt_bound(f["resolution"]), len(f.get("points") or []), _code(f["base_case"]),
+              _code(f.get("first_fail_repro") or "")] for f in summary["frontiers"]], numeric={6, 7}))
+        out.append(_plots_html(run, frontier_plots))
 
     if summary.get("pairs"):
         out.append("<h2>By backend × op</h2>")

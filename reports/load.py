@@ -1,5 +1,6 @@
-"""Reading a run directory back: the header, the availability records (kind "gate"), the results, the end record, and every
-line that could not be used (with its line number), so a report can render what survived.
+"""Reading a run directory back: the header, the availability records (kind "gate"), the results, the stability
+frontiers (kind "frontier"), the end record, and every line that could not be used (with its line number), so a
+report can render what survived.
 
 Only ``deltacheck.harness.results`` is imported from the harness: the JSONL stream is the whole
 contract between running and reporting.
@@ -16,6 +17,7 @@ from typing import Any
 from deltacheck.harness.results import SCHEMA, STATUSES, latest_per_check, read_records
 
 RESULTS_FILE = "results.jsonl"
+FRONTIER_KEY = ("backend", "op", "dtype", "axis")  # one frontier record per these
 PART_GLOB = "results.*w*.jsonl"  # results.w3.jsonl (--jobs shard), results.gw3.jsonl (xdist worker)
 
 
@@ -45,6 +47,7 @@ class Run:
     header: dict[str, Any] = field(default_factory=dict)
     gates: list[dict[str, Any]] = field(default_factory=list)
     results: list[dict[str, Any]] = field(default_factory=list)
+    frontiers: list[dict[str, Any]] = field(default_factory=list)  # `deltacheck frontier`'s, one per backend x op x dtype x axis
     end: dict[str, Any] | None = None
     resumes: list[dict[str, Any]] = field(default_factory=list)  # one per `deltacheck run --resume`
     problems: list[InputProblem] = field(default_factory=list)
@@ -176,6 +179,12 @@ def _read_into(run: Run, results_file: Path, problem) -> bool:
                 continue
             result["line"] = lineno
             run.results.append(result)
+        elif kind == "frontier":
+            missing = [k for k in FRONTIER_KEY if not isinstance(rec.get(k), str) or not rec.get(k)]
+            if missing or not isinstance(rec.get("points"), list):
+                problem(lineno, f"frontier record without {', '.join(missing) or 'a points list'}")
+                continue
+            run.frontiers.append({k: v for k, v in rec.items() if k != "kind"})
         elif kind == "end":
             run.end = rec  # a resumed run appends its own; the last one describes the whole run
         elif kind == "resume":
@@ -225,6 +234,7 @@ def load_run(path: str | Path, *, warn: bool = True) -> Run:
     source = results_file
     # `run --resume` re-runs tasks an interruption left half-judged.
     run.results = latest_per_check(run.results)
+    run.frontiers = list({tuple(f[k] for k in FRONTIER_KEY): f for f in run.frontiers}.values())  # a later one wins
     if parts:
         problem(None, f"{len(parts)} worker file(s) were never folded into {RESULTS_FILE} (the run was "
                       f"killed before it ended); their records are included: {', '.join(p.name for p in parts)}")

@@ -6,6 +6,7 @@ import shlex
 from collections.abc import Iterable
 from typing import Any
 
+from .frontier import markdown_section
 from .summary import counts_line, fmt_err, fmt_headroom, short_env
 
 MAX_FAILURES_LISTED = 40
@@ -84,6 +85,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
               f"{p['seconds']:.0f}"] for p in summary["pairs"]],
         )
         out.append("")
+
+    out += markdown_section(summary.get("frontiers") or [], table, code)
 
     out += ["## Results by op × backend × dtype × check", ""]
     if summary["groups"]:

@@ -7,6 +7,7 @@ finished by a second run of what it had not reached. The merged ``results.jsonl`
 - one availability record (kind "gate") per backend x op, the first input's (inputs of one environment agree);
 - one result per (case, backend, check): the **last** input that has it wins, so a rerun replaces the
   interrupted attempt it repeats; results keep the order in which they were first seen;
+- one stability frontier (kind "frontier") per backend x op x dtype x axis, the last input's;
 - an end record only when every input finished — otherwise the merged run says it did not finish.
 
 Runs from different environments (fingerprints differ: another GPU, driver or library version) are
@@ -23,7 +24,7 @@ from typing import Any
 
 from deltacheck.harness.results import ResultStream, end_record, fingerprint
 
-from .load import RunInputError, latest_per_check, load_run
+from .load import FRONTIER_KEY, RunInputError, latest_per_check, load_run
 from .summary import required_failures
 
 RESULT_FIELDS_DROPPED = ("line",)  # added by the loader, not part of a record
@@ -85,6 +86,9 @@ def merge_runs(inputs: list[str | Path], out: str | Path, *, allow_mixed_env: bo
             stream.write(g)
         for r in merged:
             stream.write({**r, "kind": "result"})
+        frontiers = {tuple(f[k] for k in FRONTIER_KEY): f for run in runs for f in run.frontiers}  # later wins
+        for f in frontiers.values():
+            stream.write({**f, "kind": "frontier"})
         finished = all(run.finished for run in runs)
         if finished:
             failures = sorted({line for run in runs for line in required_failures(run)[0]})

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .frontier import fmt_bound
 from .load import Run, finite, number
 from .summary import badness, fmt_headroom
 
@@ -204,6 +205,101 @@ def plot_headroom_histogram(run: Run) -> Plot:
     ax.legend(fontsize=7)
     caption = f"{len(shown)} results" + (f"; {hidden} with NaN/Inf headroom not shown" if hidden else "") + "."
     return Plot(title, _png(fig), caption)
+
+
+FRONTIER_X = {
+    "gate": ("steepest log-decay |x| (every decay drawn from U(x, -0.1))", lambda v: -v),
+    "length": ("sequence length T (tokens)", lambda v: v),
+    "scale": ("magnitude of v and q (k under l2norm)", lambda v: v),
+}
+
+
+def plot_frontier(record: dict[str, Any]) -> Plot:
+    """Error against the axis: every point (its check nearest the limit: pass, fail, NaN/Inf at the top, stops at
+    the bottom), that check's limit, the frontier (last pass to first fail, shaded), and on the length axis the output and state errors next
+    to the baseline's."""
+    axis = record.get("axis")
+    title = f"Frontier: {record.get('backend')} {record.get('op')} {record.get('dtype')}, {axis} axis"
+    label, to_x = FRONTIER_X.get(axis, (str(axis), lambda v: v))
+    points = sorted((p for p in record.get("points") or [] if finite(p.get("value")) is not None),
+                    key=lambda p: to_x(p["value"]))
+    if not points or any(to_x(p["value"]) <= 0 for p in points):
+        return Plot(title, None, "The record holds no points that can be drawn on a log axis.")
+    fig = _figure(width=8.0)
+    from matplotlib.ticker import FuncFormatter, NullFormatter  # matplotlib is there: _figure found it
+
+    ax = fig.add_subplot()
+    xs = [to_x(p["value"]) for p in points]
+    errors = [finite(p.get("worst_rel_rms")) for p in points]
+    drawn = [max(e, ERROR_FLOOR) for e in errors if e is not None]
+    top, bottom = (max(drawn) * 8 if drawn else 1.0), (min(drawn) / 8 if drawn else ERROR_FLOOR)
+    limits = [(x, finite(p.get("limit"))) for x, p in zip(xs, points) if finite(p.get("limit")) is not None]
+    if limits:
+        ax.plot([x for x, _ in limits], [y for _, y in limits], color="gray", ls="--", lw=1,
+                label="limit of the check nearest it")
+        top = max(top, max(y for _, y in limits) * 4)
+    if axis == "length":
+        for check, style in (("forward", "-"), ("state", ":")):
+            for source, color in (("rel_rms", "tab:blue"), ("baseline", "tab:orange")):
+                line = [(x, finite((p.get(source) or {}).get(check))) for x, p in zip(xs, points)]
+                line = [(x, max(y, ERROR_FLOOR)) for x, y in line if y is not None]
+                if line:
+                    ax.plot(*zip(*line), ls=style, color=color, lw=1,
+                            label=f"{'kernel' if source == 'rel_rms' else 'baseline'} {check}")
+    for verdicts, color, marker, name in (({"pass"}, "tab:green", "o", "passed"),
+                                          ({"fail", "error"}, "tab:red", "o", "failed")):
+        sel = [(x, e) for x, e, p in zip(xs, errors, points) if p.get("verdict") in verdicts and e is not None]
+        if sel:
+            ax.scatter(*zip(*[(x, max(e, ERROR_FLOOR)) for x, e in sel]), color=color, marker=marker, s=26,
+                       zorder=3, label=f"{name} (worst rel RMS)")
+    nonfinite = [x for x, e, p in zip(xs, errors, points) if e is None and p.get("verdict") in ("fail", "error")]
+    if nonfinite:
+        ax.scatter(nonfinite, [top] * len(nonfinite), color="tab:red", marker="x", s=36, zorder=3,
+                   label="failed: NaN/Inf (or nothing to measure)")
+    stops = [x for x, p in zip(xs, points) if p.get("verdict") not in ("pass", "fail", "error")]
+    if stops:
+        ax.scatter(stops, [bottom] * len(stops), color="gray", marker="^", s=36, label="declined / not judged")
+    for last, first in _frontier_pairs(record):
+        if last is not None:
+            ax.axvline(to_x(last), color="tab:green", lw=1.2)
+        if first is not None:
+            ax.axvline(to_x(first), color="tab:red", lw=1.2)
+        if last is not None and first is not None:
+            ax.axvspan(*sorted((to_x(last), to_x(first))), color="tab:red", alpha=0.12)
+    ax.set_xscale("log", base=10 if axis == "scale" else 2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_yscale("log")
+    ax.set_xlabel(label)
+    ax.set_ylabel("relative RMS error vs fp64")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    caption = (f"last pass {fmt_bound(record.get('last_pass'))}, first fail {fmt_bound(record.get('first_fail'))} "
+               f"(resolution {fmt_bound(record.get('resolution'))}; green line: last pass, red line: first fail); "
+               f"base case {record.get('base_case')}.")
+    return Plot(title, _png(fig), caption)
+
+
+def _frontier_pairs(record: dict[str, Any]) -> list[tuple[float | None, float | None]]:
+    last, first = record.get("last_pass"), record.get("first_fail")
+    if record.get("axis") == "scale":
+        last = last if isinstance(last, list) else [None, None]
+        first = first if isinstance(first, list) else [None, None]
+        return [(finite(a), finite(b)) for a, b in zip(last, first)]
+    return [(finite(last), finite(first))]
+
+
+def frontier_plots(run: Run) -> list[Plot]:
+    """One plot per frontier record; raises PlotsUnavailable without matplotlib."""
+    _matplotlib()
+    plots = []
+    for record in run.frontiers:
+        try:
+            plots.append(plot_frontier(record))
+        except Exception as exc:  # noqa: BLE001 -- as make_plots: one broken plot must not sink the report
+            plots.append(Plot(f"Frontier: {record.get('backend')} {record.get('op')} {record.get('axis')}", None,
+                              f"This plot could not be drawn: {type(exc).__name__}: {exc}"))
+    return plots
 
 
 def make_plots(run: Run) -> list[Plot]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from deltacheck.harness.results import fingerprint
 
+from .frontier import frontier_summaries
 from .load import Run, finite, number
 
 SUMMARY_SCHEMA = "deltacheck-summary/1"
@@ -198,6 +199,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "groups": group_list,
         "skip_reasons": skip_list,
         "failures": failures,
+        "frontiers": frontier_summaries(run.frontiers),
         "input_problems": [{"line": p.line, "message": p.message} for p in run.problems],
     }
 

@@ -196,3 +196,25 @@ class Fp32ComputeBf16Gate(Fp32Compute):
                 g = layouts.from_thd(g, case.layout, case.N)
             inputs = {**inputs, "g": g}
         return super().run(case, inputs)
+
+
+class SteepGateBreaks:
+    """Exact (the fp64 chunked reference) except where a log-decay is steeper than -7: then every output, state
+    and gradient is NaN, as cuDNN FE 1.32's Hopper KDA engine at steep gates. Its gate frontier is -7 by
+    construction. It serves kda and gdn2 with K = V = 64 only, so the frontier's base-case choice has to skip
+    K = V = 128."""
+
+    name = "steepgatebreaks"
+    ops = frozenset({"kda", "gdn2"})
+    BREAKS_BELOW = -7.0
+
+    def check(self, case, env):
+        if case.K != 64 or case.V != 64:
+            return Verdict.no("fake engine: K = V = 64 only")
+        return Verdict.ok()
+
+    def run(self, case, inputs):
+        out, state = get_backend("chunked").run(case, inputs)
+        if bool((inputs["g"].detach() < self.BREAKS_BELOW).any()):
+            return out * float("nan"), state * float("nan")
+        return out, state
