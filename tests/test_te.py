@@ -113,7 +113,8 @@ def test_te_matches_oracle(open_gate, case, checkpoint):
 def test_te_gradients_match_oracle(open_gate, op, checkpoint):
     """Backward through the module, checkpointed or not; GDP's case has a_log and dt_bias, which TE's reentrant
     checkpoint only differentiates because they travel positionally."""
-    case = CASES[op][1].replace(backward=True)
+    case = CASES[op][1]
+    case = case.replace(backward=True, seqlens=(3, 2) if case.layout == "thd" else (3, 3))  # short: the oracle's backward
     backend = te_backend(checkpoint)
     assert backend.check(case, ENV).backward
     got, want = grads(backend, case), grads(get_backend("oracle"), case)
@@ -204,9 +205,9 @@ def test_the_runner_judges_te_on_every_check(open_gate, checkpoint):
     tokens), every gradient, determinism — all pass against the fp64 reference."""
     backend = te_backend(checkpoint)
     runner = CaseRunner(RunOptions(reference="oracle"))
-    for case in (Case(op="gdp", seqlens=(0, 1, 9, 12), num_householder=2, initial_state=True, splits=(1, 5),
+    for case in (Case(op="gdp", seqlens=(0, 1, 5, 7), num_householder=2, initial_state=True, splits=(1, 4),
                       backward=True, safe_gate=True, dt_bias=True),
-                 Case(op="gdn2", layout="sbhd", seqlens=(9, 9), initial_state=True, splits=(4,), backward=True,
+                 Case(op="gdn2", layout="sbhd", seqlens=(6, 6), initial_state=True, splits=(4,), backward=True,
                       beta_sigmoid=True)):
         results = runner.run(case, backend, backend.name, backend.check(case, ENV))
         assert {r.check for r in results} >= {"forward", "state", "continuation_ref", "grad_q", "grad_beta", "determinism"}
