@@ -5,7 +5,7 @@ combinations of them a valid Case can have (``compatible``). Covering arrays are
 from __future__ import annotations
 
 from .spec import BETA_PROFILES, GATE_PROFILES, IO_DTYPES, LAYOUTS, STATE_DTYPES, Case
-from .support import HEAD_CONFIGS, OP_SUPPORT
+from .support import HEAD_CONFIGS, OP_SUPPORT, TIER_OPS
 
 GATE_MODES = ("log", "linear", "safe", "safe_alog", "safe_dtbias", "safe_alog_dtbias")
 BETA_MODES = ("plain", "sigmoid", "negeig")
@@ -18,7 +18,7 @@ DIMS = ("32x32", "64x64", "96x96", "128x128", "256x256", "64x128", "128x64")
 
 
 MAIN_AXES: dict[str, tuple[str, ...]] = {
-    "op": tuple(OP_SUPPORT),
+    "op": TIER_OPS,
     "io_dtype": IO_DTYPES,
     "state_dtype": STATE_DTYPES,
     "layout": LAYOUTS,

@@ -44,6 +44,10 @@ w): uniform U(0, 1), zero 0, one 1, near2 U(1.9, 2).
 
 q, v ~ N(0, 1). k ~ N(0, 1) when l2norm is on (the kernel normalises it); otherwise k is normalised
 per token and head before the cast, so the recurrence stays contractive as it is in a model.
+
+GDP (``num_householder = n``): k, v and beta carry n sub-token rows per real token, expanded as cuDNN's op and
+the reference take them (``k [T*n, HK, K]``, ``v [T*n, HV, V]``, ``beta [T*n, HO]``; token t's rows are
+``t*n .. t*n+n-1``), each row drawn as above; q and g stay per real token. GDP cases are thd only.
 """
 
 from __future__ import annotations
@@ -200,7 +204,8 @@ def _write_gate(case: Case, shape, generator) -> torch.Tensor:
 
 
 def _symbolic_shape(case: Case, dims: tuple[str, ...]) -> tuple[int, ...]:
-    sizes = {"T": case.total_tokens, "HO": case.HO, "K": case.K, "V": case.V}
+    sizes = {"T": case.total_tokens, "Tn": case.total_tokens * case.num_householder, "HO": case.HO, "K": case.K,
+             "V": case.V}
     return tuple(sizes[d] for d in dims)
 
 
@@ -209,11 +214,12 @@ def make_inputs(case: Case, device="cpu") -> dict:
     support = case.support
     T, io = case.total_tokens, TORCH_DTYPES[case.io_dtype]
 
+    rows = T * case.num_householder  # k, v (and beta) rows: one per sub-token, T for every op but GDP
     q = _normal((T, case.H, case.K), _generator(case, "q"))
-    k = _normal((T, case.HK, case.K), _generator(case, "k"))
+    k = _normal((rows, case.HK, case.K), _generator(case, "k"))
     if not case.l2norm:
         k = k / k.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-    v = _normal((T, case.HV, case.V), _generator(case, "v"))
+    v = _normal((rows, case.HV, case.V), _generator(case, "v"))
     if case.magnitude is not None:
         q, v = q * case.magnitude, v * case.magnitude
         if case.l2norm:

@@ -4,7 +4,7 @@ Id grammar (tokens joined by "-"; the first eight are always present, in this or
 when they differ from their default, in the order shown):
 
     <op>-<io>-<layout>-N<n>-<lengths>-H<H>/<HK>/<HV>-K<K>-V<V>-<gate>
-        [-state_bf16] [-beta_<profile>] [-l2norm] [-sigmoid] [-negeig] [-linear]
+        [-nh<n>] [-state_bf16] [-beta_<profile>] [-l2norm] [-sigmoid] [-negeig] [-linear]
         [-safegate] [-alog] [-dtbias] [-guard] [-scale<x>] [-mag<x>] [-h0] [-cont[<s>_<s>...]] [-bwd]
         [-seed<n>] [-L1|-L2]
 
@@ -12,6 +12,8 @@ when they differ from their default, in the order shown):
              thd            T[<l1>_<l2>_...]     (one entry per sequence; 0 is allowed)
     gate:    a named profile, or unif<x>: log-decays from U(-x, -0.1) (stability searches)
     scale, mag: Python's repr of the float with "e-" written "em" (so the id never has a stray "-")
+    nh:      GDP's number of Householder steps per token (num_householder), always written for gdp and
+             only for gdp (other ops have none: their ids are unchanged)
 
 Example: ``gdn2-bf16-thd-N3-T[0_63_1000]-H4/4/4-K128-V128-steep-h0-cont[64]-bwd``.
 
@@ -85,6 +87,7 @@ class Case:
     magnitude: float | None = None  # multiplies v and q (and k under l2norm): where fp16/bf16 overflow or underflow
     initial_state: bool = False
     splits: tuple[int, ...] = ()
+    num_householder: int = 1  # GDP's sub-token updates per real token; 1 (the only value) for other ops
     backward: bool = False
     seed: int = 0
     tier: str = field(default="L0")
@@ -117,6 +120,8 @@ class Case:
         if self.state_dtype not in support.state_dtypes:
             raise _bad("state_dtype", f"op {self.op} accepts {support.state_dtypes}; got {self.state_dtype!r}")
         one_of("layout", LAYOUTS)
+        if self.layout not in support.layouts:
+            raise _bad("layout", f"op {self.op} accepts layouts {support.layouts}; got {self.layout!r}")
         if self.gate not in GATE_PROFILES and not (isinstance(self.gate, str) and UNIFORM_GATE.fullmatch(self.gate)):
             raise _bad("gate", f"expected one of {', '.join(GATE_PROFILES)} or unif<x> (log-decays from U(-x, -0.1)); "
                                f"got {self.gate!r}")
@@ -134,12 +139,16 @@ class Case:
                      "initial_state", "backward"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(name, f"expected a bool; got {getattr(self, name)!r}")
-        for name in ("H", "HK", "HV", "K", "V", "seed"):
+        for name in ("H", "HK", "HV", "K", "V", "seed", "num_householder"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise _bad(name, f"expected an int; got {value!r}")
         if self.seed < 0:
             raise _bad("seed", f"expected an int >= 0; got {self.seed}")
+        if self.num_householder < 1:
+            raise _bad("num_householder", f"expected an int >= 1; got {self.num_householder}")
+        if self.num_householder != 1 and not support.householder:
+            raise _bad("num_householder", f"op {self.op} has no Householder steps (only gdp); got {self.num_householder}")
 
         # Sequence lengths.
         if not isinstance(self.seqlens, tuple) or not self.seqlens:
@@ -260,6 +269,7 @@ class Case:
             **({"gate_lower_bound": self.support.gate_lower_bound} if self.support.gate_lower_bound is not None
                else {}),
             **({"beta_guard": True} if self.beta_guard else {}),
+            **({"num_householder": self.num_householder} if self.support.householder else {}),
         }
 
     def replace(self, **changes) -> Case:
@@ -274,6 +284,8 @@ class Case:
         else:
             parts.append(f"L{self.seqlens[0]}")
         parts += [f"H{self.H}/{self.HK}/{self.HV}", f"K{self.K}", f"V{self.V}", self.gate]
+        if self.support.householder:
+            parts.append(f"nh{self.num_householder}")
         if self.state_dtype != "fp32":
             parts.append(f"state_{self.state_dtype}")
         if self.beta_profile != "uniform":
@@ -411,6 +423,8 @@ def parse_id(text: str) -> Case:
                 value = _parse_scale(token[len("scale" if key == "scale" else "mag"):])
             except ValueError:
                 raise _bad(key, f"token {token!r}: expected {token[:3]}...<float>, e.g. scale0.125, mag1000.0") from None
+        elif re.fullmatch(r"nh\d+", token):
+            key, value = "num_householder", _int_token(token, "nh", "num_householder", "nh")
         elif token.startswith("cont"):
             key, value = "splits", _int_list(token[len("cont"):], "splits", token)
         elif token.startswith("seed"):

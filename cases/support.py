@@ -37,8 +37,8 @@ def head_config_of(H: int, HK: int, HV: int) -> str | None:
 class OpSupport:
     """Declaration of one op's accepted inputs.
 
-    Shapes are given in the packed (thd) layout with symbolic dims; dense layouts put the same trailing
-    dims after their own batch/sequence/head arrangement.
+    Shapes are given in the packed (thd) layout with symbolic dims (``Tn``: T * num_householder sub-token
+    rows); dense layouts put the same trailing dims after their own batch/sequence/head arrangement.
     """
 
     op: str
@@ -57,6 +57,15 @@ class OpSupport:
     # "sigmoid" (KDA/GDN2: gate_lower_bound * sigmoid(exp(a_log) * (g + dt_bias))).
     safe_gate_form: str
     gate_lower_bound: float | None  # default lower bound of the sigmoid safe gate; None for softplus
+    layouts: tuple[str, ...] = ("thd", "bshd", "sbhd", "bhsd")  # GDP: packed thd only, as cuDNN's op
+    # Inputs with one row per Householder step (GDP: k, v, beta carry num_householder sub-token rows per
+    # real token, expanded as rows t*n .. t*n+n-1); empty for ops without Householder steps.
+    subtoken_inputs: tuple[str, ...] = ()
+
+    @property
+    def householder(self) -> bool:
+        """Whether the op runs ``num_householder`` sub-token updates per token (GDP)."""
+        return bool(self.subtoken_inputs)
 
     def supports_dims(self, K: int, V: int) -> bool:
         return K in self.key_dims and V in self.value_dims
@@ -118,6 +127,31 @@ OP_SUPPORT: dict[str, OpSupport] = {
         safe_gate_form="sigmoid",
         gate_lower_bound=-5.0,
     ),
+    # Gated DeltaProduct: GDN's gates, n = num_householder (k, v, beta) rows per real token; q and g per real
+    # token. cuDNN FE 1.32 gated_delta_product: no beta_guard, no gate_lower_bound, the safe gate is GDN's
+    # softplus form with a_log, dt_bias [HO]; its only engine (FROST) is built for K, V in {64, 128}.
+    "gdp": OpSupport(
+        op="gdp",
+        io_dtypes=("bf16", "fp16"),
+        state_dtypes=("fp32", "bf16"),
+        key_dims=(64, 128),
+        value_dims=(64, 128),
+        head_configs=HEAD_CONFIGS,
+        flags=_COMMON_FLAGS,
+        gate_shape=("T", "HO"),
+        beta_shape=("Tn", "HO"),
+        beta_dtype="fp32",
+        write_gate=False,
+        dt_bias_shape=("HO",),
+        safe_gate_form="softplus",
+        gate_lower_bound=None,
+        layouts=("thd",),
+        subtoken_inputs=("k", "v", "beta"),
+    ),
 }
 
 OPS = tuple(OP_SUPPORT)
+
+# The ops the generated tiers (cases/axes.py, cases/matrix.py) cover. GDP is not generated yet: its hand-written
+# cases are cases/gdp.py's GDP_CASES (run them with `deltacheck run --case ID`).
+TIER_OPS = ("gdn", "kda", "gdn2")

@@ -59,13 +59,19 @@ def weighted_loss(case: Case, out: torch.Tensor, state: torch.Tensor, device) ->
     return (out.to(F64) * wo.to(F64)).sum() + (state.to(F64) * ws.to(F64)).sum()
 
 
+def input_grads(loss: torch.Tensor, leaves: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:
+    """d loss / d each leaf (None where the loss does not depend on it), through ``loss.backward()`` as a
+    training step takes it: ``torch.autograd.grad`` is refused by reentrant activation checkpointing (TE's
+    ``checkpoint_core_attention=True``: "Checkpointing is not compatible with .grad()")."""
+    for x in leaves.values():
+        x.grad = None
+    loss.backward()
+    return {n: x.grad for n, x in leaves.items()}
+
+
 def forward_backward(backend: Backend, case: Case, inputs: dict, names: list[str], device):
     out, state = backend.run(case, inputs)
-    grads = {}
-    if names:
-        leaves = [inputs[n] for n in names]
-        got = torch.autograd.grad(weighted_loss(case, out, state, device), leaves, allow_unused=True)
-        grads = dict(zip(names, got))
+    grads = input_grads(weighted_loss(case, out, state, device), {n: inputs[n] for n in names}) if names else {}
     return out, state, grads
 
 

@@ -26,7 +26,16 @@ from deltacheck.reference import layouts
 
 from . import compare
 from .backends.base import Backend, Verdict
-from .expected import F64, GRAD_NAMES, Expected, ReferenceFailure, compute_expected, reference_name, weighted_loss
+from .expected import (
+    F64,
+    GRAD_NAMES,
+    Expected,
+    ReferenceFailure,
+    compute_expected,
+    input_grads,
+    reference_name,
+    weighted_loss,
+)
 from .results import Result
 from .task import checks_for, grad_inputs, task_result
 
@@ -69,16 +78,23 @@ def to_packed(x: torch.Tensor, case: Case) -> torch.Tensor:
 
 
 def segment_inputs(case: Case, inputs: dict, seg: int) -> tuple[dict, list[int]]:
-    """The ``seg``-th continuation segment of every sequence, as a smaller input dict of the same layout."""
+    """The ``seg``-th continuation segment of every sequence, as a smaller input dict of the same layout.
+
+    Segments cut between real tokens: an input with several rows per token (GDP's k, v, beta: rows
+    ``t*n .. t*n+n-1`` for token t) takes all n rows of each token in the segment, never part of them.
+    """
     bounds = [case.segments(n)[seg] for n in case.seqlens]
     out = dict(inputs)
     if case.layout == "thd":
         offs = offsets_of(case)
         rows = [torch.arange(offs[i] + a, offs[i] + b) for i, (a, b) in enumerate(bounds)]
         idx = torch.cat(rows).to(inputs["q"].device)
+        n = case.num_householder
+        sub_idx = (idx.unsqueeze(1) * n + torch.arange(n, device=idx.device)).reshape(-1)
         for name in TOKENWISE:
             if inputs.get(name) is not None:
-                out[name] = inputs[name].index_select(0, idx)
+                rows_of = sub_idx if name in case.support.subtoken_inputs else idx
+                out[name] = inputs[name].index_select(0, rows_of)
         lens = [b - a for a, b in bounds]
         out["cu_seqlens"] = torch.tensor(prefix_sums(lens), dtype=inputs["cu_seqlens"].dtype, device=inputs["cu_seqlens"].device)
     else:
@@ -246,11 +262,7 @@ class CaseRunner:
                                    base, seconds, offsets))
         results.append(self._judge(case, "state", "state", state, exp.state, exp.baseline_err.get("state"),
                                    base, seconds))
-        grads = {}
-        if names:
-            got = torch.autograd.grad(weighted_loss(case, out, state, opts.device), [inputs[n] for n in names],
-                                      allow_unused=True)
-            grads = dict(zip(names, got))
+        grads = input_grads(weighted_loss(case, out, state, opts.device), {n: inputs[n] for n in names}) if names else {}
         if case.backward:
             for n in grad_inputs(case):
                 check = f"grad_{n}"

@@ -24,7 +24,7 @@ def repro_command(case, backend_spec: str) -> str:
 
 def grad_inputs(case) -> list[str]:
     """The inputs a backward case differentiates, in a fixed order."""
-    names = ["q", "k", "v", "g", "beta"] + (["w"] if case.op == "gdn2" else [])
+    names = ["q", "k", "v", "g", "beta"] + (["w"] if case.support.write_gate else [])
     if case.initial_state:
         names.append("initial_state")
     if case.a_log:

@@ -104,7 +104,7 @@ def test_reference_backends_registered():
     for name in ("oracle", "chunked", "baseline"):
         backend = get_backend(name)
         assert backend.name == name
-        assert backend.ops == frozenset({"gdn", "kda", "gdn2"})
+        assert backend.ops == frozenset({"gdn", "kda", "gdn2", "gdp"})
 
 
 @pytest.mark.parametrize("case", ALL_CASES)

@@ -21,6 +21,7 @@ from deltacheck.cases import (
     pair_coverage,
 )
 from deltacheck.cases.matrix import L0_MAX_HEADS, L0_MAX_TOKENS, covering_rows
+from deltacheck.cases.support import TIER_OPS
 from deltacheck.harness.cli import main as cli_main
 from deltacheck.harness.tiers import select, tier_cases
 
@@ -70,12 +71,12 @@ def test_l0_cases_are_small_and_hold_the_required_edges():
     assert max(max(c.H, c.HK, c.HV) for c in cases) <= L0_MAX_HEADS
     assert {c.K for c in cases} | {c.V for c in cases} == {64, 96, 128}
     ragged_edges = [c for c in cases if c.layout == "thd" and 0 in c.seqlens and 1 in c.seqlens]
-    assert {c.op for c in ragged_edges} == set(OP_SUPPORT)
+    assert {c.op for c in ragged_edges} == set(TIER_OPS)
     lengths = {n for c in cases for n in c.seqlens}
     assert {0, 1, 63, 64, 65} <= lengths
     assert any(c.layout == "thd" and c.N == 1 for c in cases)
     # Every op meets every feature (each main-axis value) at least once.
-    for op in OP_SUPPORT:
+    for op in TIER_OPS:
         seen = {(name, value) for c in cases if c.op == op for name, value in axis_values(c).items()}
         for name, values in TIER_AXES["L0"].items():
             for value in values:
@@ -97,8 +98,8 @@ def test_l1_and_l2_reach_their_lengths():
 
 def test_every_declared_dtype_and_dim_appears_in_l1_for_each_op():
     cases = tier_cases("L1")
-    for op, support in OP_SUPPORT.items():
-        mine = [c for c in cases if c.op == op]
+    for op in TIER_OPS:
+        support, mine = OP_SUPPORT[op], [c for c in cases if c.op == op]
         assert {c.io_dtype for c in mine} == set(support.io_dtypes)
         assert {c.state_dtype for c in mine} == set(support.state_dtypes)
         assert {c.K for c in mine} == set(support.key_dims)
@@ -123,7 +124,7 @@ def test_select_filters_by_op_and_k_expression():
     one = tier_cases("L0")[7]
     assert select("L0", k=one.id) == [one]
     with pytest.raises(CaseError):
-        select("L0", op="gdx")
+        select("L0", op="mamba2")
     with pytest.raises(CaseError):
         select("L9")
 

@@ -12,7 +12,6 @@ from deltacheck.cases import (
     BETA_PROFILES,
     GATE_PROFILES,
     IO_DTYPES,
-    LAYOUTS,
     OP_SUPPORT,
     STATE_DTYPES,
     TIERS,
@@ -30,7 +29,7 @@ def valid_cases(draw):
     """Any valid Case, drawn field by field so every combination the spec allows can appear."""
     op = draw(st.sampled_from(sorted(OP_SUPPORT)))
     support = OP_SUPPORT[op]
-    layout = draw(st.sampled_from(LAYOUTS))
+    layout = draw(st.sampled_from(support.layouts))
     if layout == "thd":
         seqlens = tuple(draw(st.lists(st.integers(0, 5000), min_size=1, max_size=6)))
         if sum(seqlens) == 0:
@@ -63,6 +62,7 @@ def valid_cases(draw):
         beta_guard=op == "gdn2" and l2norm and draw(st.booleans()),
         scale=scale, initial_state=draw(st.booleans()), splits=splits, backward=draw(st.booleans()),
         seed=draw(st.integers(0, 2**40)), tier=draw(st.sampled_from(TIERS)),
+        num_householder=draw(st.integers(1, 8)) if support.householder else 1,
     )
 
 
@@ -160,7 +160,12 @@ def test_invalid_ids_name_the_field(text, field):
 
 
 @pytest.mark.parametrize("changes, field", [
-    ({"op": "gdp"}, "op"),
+    ({"op": "mamba2"}, "op"),
+    ({"num_householder": 2}, "num_householder"),
+    ({"op": "gdp", "num_householder": 0}, "num_householder"),
+    ({"op": "gdp", "num_householder": True}, "num_householder"),
+    ({"op": "gdp", "layout": "bshd", "seqlens": (3, 3)}, "layout"),
+    ({"op": "gdp", "l2norm": True, "beta_guard": True}, "beta_guard"),
     ({"io_dtype": "fp32"}, "io_dtype"),
     ({"state_dtype": "fp16"}, "state_dtype"),
     ({"layout": "bshd", "seqlens": (3, 4)}, "seqlens"),
@@ -221,7 +226,7 @@ def test_case_is_frozen_hashable_and_exposes_the_contract():
 
 
 def test_op_support_is_the_declared_contract():
-    assert set(OP_SUPPORT) == {"gdn", "kda", "gdn2"}
+    assert set(OP_SUPPORT) == {"gdn", "kda", "gdn2", "gdp"}
     for name, support in OP_SUPPORT.items():
         assert support.op == name
         assert set(support.io_dtypes) == set(IO_DTYPES) and set(support.state_dtypes) == set(STATE_DTYPES)
@@ -231,6 +236,10 @@ def test_op_support_is_the_declared_contract():
     assert all(s.key_dims == s.value_dims == (32, 64, 96, 128, 256) for s in OP_SUPPORT.values())
     assert OP_SUPPORT["gdn"].dt_bias_shape == ("HO",) and OP_SUPPORT["kda"].dt_bias_shape == ("HO", "K")
     assert OP_SUPPORT["gdn2"].gate_lower_bound == -5.0 and OP_SUPPORT["gdn2"].write_gate
+    gdp = OP_SUPPORT["gdp"]
+    assert gdp.layouts == ("thd",) and gdp.subtoken_inputs == ("k", "v", "beta") and gdp.householder
+    assert gdp.safe_gate_form == "softplus" and gdp.gate_lower_bound is None and "beta_guard" not in gdp.flags
+    assert not any(s.householder for op, s in OP_SUPPORT.items() if op != "gdp")
 
 
 @pytest.mark.parametrize("expression, expected", [

@@ -23,7 +23,7 @@ from ... import reference
 from ...reference import layouts
 from .base import Verdict, register
 
-OPS = frozenset({"gdn", "kda", "gdn2"})
+OPS = frozenset({"gdn", "kda", "gdn2", "gdp"})
 _IO_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -37,7 +37,8 @@ def chunked_import_error() -> str | None:
 
 
 def _op_args(case, inputs: dict) -> list:
-    """Positional tensors of the reference op, in cuDNN's order (q, k, v, g, beta[, w], cu_seqlens)."""
+    """Positional tensors of the reference op, in cuDNN's order (q, k, v, g, beta[, w], cu_seqlens); GDP's
+    ``num_householder`` travels in ``case.reference_kwargs()``."""
     args = [inputs["q"], inputs["k"], inputs["v"], inputs["g"], inputs["beta"]]
     if case.op == "gdn2":
         args.append(inputs["w"])

@@ -40,7 +40,9 @@ def _pair_verdict(spec: str, op: str, env: Env, imports: bool) -> Verdict:
 
 def env_report(env: Env, environ: Mapping[str, str] | None = None, *, imports: bool = False) -> dict:
     """What ``deltacheck env --json`` prints: the snapshot, every fused pair's verdict, required mode."""
-    pairs = [(b, o) for b in fused_backends() for o in OPS]
+    # Each fused backend with the ops it implements (te has no kda, fla no gdp); a required pair outside that
+    # is still added below and reported.
+    pairs = [(b, o) for b in fused_backends() for o in OPS if o in get_backend(b).ops]
     try:
         spec = required_spec(environ)
         spec_error = ""
@@ -129,7 +131,8 @@ def add_cli(subparsers) -> None:
         "env",
         help="show this machine (GPU, runtimes, libraries) and which backend:op pairs can run",
         description=(
-            "Probe the machine and print, for every cudnn/fla/fla-recurrent × op pair, whether our floors let it run "
+            "Probe the machine and print, for every fused backend (cudnn, fla, fla-recurrent, te, te-checkpoint) × "
+            "op it implements, whether our floors let it run "
             "and why not. Exit status: 0; 1 if a required pair (NVTE_GDN2_TEST_REQUIRED, "
             "NVTE_GDN_TEST_REQUIRED, DELTACHECK_REQUIRE) cannot run here; 2 if the required-mode "
             "settings are malformed."

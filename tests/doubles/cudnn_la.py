@@ -2,8 +2,11 @@
 
 What it pins (from the FE 1.32 sources, see docs/libraries.md):
 
-- entry points ``gated_delta_net``, ``kimi_delta_attention``, ``gated_delta_net_v2`` with the exact
-  parameter lists (``gate_lower_bound`` sits before ``gate_domain`` in KDA, after it in GDN2);
+- entry points ``gated_delta_net``, ``kimi_delta_attention``, ``gated_delta_net_v2``, ``gated_delta_product``
+  with the exact parameter lists (``gate_lower_bound`` sits before ``gate_domain`` in KDA, after it in GDN2;
+  GDP's required ``num_householder`` is its 7th positional argument);
+- GDP's two timelines (``check_gdp_rows``): q and g per real token; k, v, beta expanded ``[T*n, ...]`` or
+  token-major ``[T, n, ...]`` (the rank decides); ``cu_seqlens`` over the real tokens;
 - THD only: q ``[T, H, K]``, k ``[T, HK, K]``, v ``[T, HV, V]``, ``cu_seqlens [N+1]`` int32/int64;
   gates, output and state at ``HO = max(H, HV)`` heads; output ``o [T, HO, V]``;
 - states value-major ``[N, HO, V, K]``; ``final_state`` is an *empty* tensor unless
@@ -31,6 +34,7 @@ PLANS = {
     "gated_delta_net": ("gdn_frost", "gdn_cutile"),
     "kimi_delta_attention": ("kda_frost", "kda_cutile", "kda_hopper", "kda_hopper_cuda"),
     "gated_delta_net_v2": ("gdn2_frost",),
+    "gated_delta_product": ("gdp_frost",),
 }
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -57,6 +61,24 @@ def _check_shape(fn: str, name: str, t: torch.Tensor, shape: tuple) -> None:
         raise ValueError(f"{fn}: {name} must be {list(shape)}, got {list(t.shape)}")
 
 
+def _check_gdp_rows(total: int, n: int, k, v, beta, g) -> None:
+    """FE 1.32 ``check_gdp_rows``: g per real token; k / v / beta expanded (``T*n`` rows) or token-major."""
+    fn = "gated_delta_product"
+    if g.shape[0] != total:
+        raise ValueError(f"{fn}: g must carry {total} rows (q rows), got {g.shape[0]}")
+    for name, t, rank in (("k", k, 3), ("v", v, 3), ("beta", beta, 2)):
+        if t.dim() == rank:
+            if t.shape[0] != total * n:
+                raise ValueError(f"{fn}: {name} must carry {total * n} rows (q rows * num_householder), got {t.shape[0]}")
+        elif t.dim() == rank + 1:
+            if t.shape[0] != total or t.shape[1] != n:
+                raise ValueError(f"{fn}: token-major {name} must be [{total}, {n}, ...] (q rows, num_householder), "
+                                 f"got {tuple(t.shape)}")
+        else:
+            raise ValueError(f"{fn}: {name} must be rank {rank} (expanded rows) or rank {rank + 1} (token-major), "
+                             f"got rank {t.dim()}")
+
+
 def make(*, decline=None, backward_decline=None, first_call_error=None, exact=True, version=VERSION):
     """A fresh double module.
 
@@ -79,7 +101,7 @@ def make(*, decline=None, backward_decline=None, first_call_error=None, exact=Tr
         if q.dim() != 3:
             raise ValueError("expected THD [total_tokens, heads, dim] tensors")
         T, H, K = q.shape
-        HK, HV, V = k.shape[1], v.shape[1], v.shape[2]
+        HK, HV, V = k.shape[-2], v.shape[-2], v.shape[-1]
         if HK not in (H, HV):
             raise ValueError(f"k head count ({HK}) must match q's ({H}) or v's ({HV})")
         HO = max(H, HV)
@@ -95,9 +117,16 @@ def make(*, decline=None, backward_decline=None, first_call_error=None, exact=Tr
         _check_dtype(fn, "v", v, q.dtype)
         _check_dtype(fn, "g", g, _FLOATS)
         _check_dtype(fn, "beta", beta, q.dtype if op == "gdn2" else (torch.float32, q.dtype))
-        _check_shape(fn, "k", k, (T, HK, K))
-        _check_shape(fn, "g", g, (T, HO) if op == "gdn" else (T, HO, K))
-        _check_shape(fn, "beta", beta, (T, HO, K) if op == "gdn2" else (T, HO))
+        if op == "gdp":
+            n = call["num_householder"]
+            if not isinstance(n, int) or n < 1:
+                raise ValueError(f"{fn}: num_householder must be a positive integer, got {n}")
+            _check_gdp_rows(T, n, k, v, beta, g)
+            _check_shape(fn, "g", g, (T, HO))
+        else:
+            _check_shape(fn, "k", k, (T, HK, K))
+            _check_shape(fn, "g", g, (T, HO) if op == "gdn" else (T, HO, K))
+            _check_shape(fn, "beta", beta, (T, HO, K) if op == "gdn2" else (T, HO))
         if op == "gdn2":
             _check_dtype(fn, "w", w, q.dtype)
             _check_shape(fn, "w", w, (T, HO, V))
@@ -108,7 +137,7 @@ def make(*, decline=None, backward_decline=None, first_call_error=None, exact=Tr
                 _check_shape(fn, "a_log", a_log, (HO,))
             if dt_bias is not None:
                 _check_dtype(fn, "dt_bias", dt_bias, _FLOATS)
-                _check_shape(fn, "dt_bias", dt_bias, (HO,) if op == "gdn" else (HO, K))
+                _check_shape(fn, "dt_bias", dt_bias, (HO,) if op in ("gdn", "gdp") else (HO, K))
         elif a_log is not None or dt_bias is not None:
             raise ValueError(f"{fn}: a_log/dt_bias require safe_gate=True")
         if call["gate_domain"] not in ("log", "linear"):
@@ -140,12 +169,14 @@ def make(*, decline=None, backward_decline=None, first_call_error=None, exact=Tr
             safe_gate=call["safe_gate"], a_log=a_log, dt_bias=dt_bias,
             layout="thd", state_layout="vk", method="oracle", compute_dtype=torch.float64,
         )
-        if op != "gdn":
+        if op in ("kda", "gdn2"):
             lb = call["gate_lower_bound"]
             kwargs["gate_lower_bound"] = -5.0 if lb is None else float(lb)
         if call.get("beta_guard"):
             kwargs["beta_guard"] = True
         args = [q, k, v, g, beta] + ([w] if op == "gdn2" else []) + [cu_seqlens]
+        if op == "gdp":
+            args.append(call["num_householder"])
         o, final_state = getattr(reference, op)(*args, **kwargs)
         state_dtype = state.dtype if state is not None else torch.float32
         if not exact:
@@ -199,7 +230,23 @@ def make(*, decline=None, backward_decline=None, first_call_error=None, exact=Tr
             call["scale"] = 1.0 / math.sqrt(q.shape[-1])
         return run("gated_delta_net_v2", "gdn2", q, k, v, g, beta, w, cu_seqlens, call)
 
+    def gated_delta_product(
+        q, k, v, g, beta, cu_seqlens, num_householder, scale=None, initial_state=None, output_final_state=False,
+        use_qk_l2norm_in_kernel=False, batch_invariant=False, use_beta_sigmoid_in_kernel=False,
+        allow_neg_eigval=False, safe_gate=False, gate_domain="log", a_log=None, dt_bias=None,
+        checkpoint_every_n_tokens=0, checkpoint_dtype=None, plan_name=None, overwrite_initial_state=False,
+        state_indices=None,
+    ):
+        call = dict(locals())
+        if q.dim() != 3:
+            raise ValueError("expected THD [total_tokens, heads, dim] tensors")
+        if scale is None:
+            call["scale"] = 1.0 / math.sqrt(q.shape[-1])
+        call["gate_lower_bound"] = None
+        return run("gated_delta_product", "gdp", q, k, v, g, beta, None, cu_seqlens, call)
+
     mod.gated_delta_net = gated_delta_net
     mod.kimi_delta_attention = kimi_delta_attention
     mod.gated_delta_net_v2 = gated_delta_net_v2
+    mod.gated_delta_product = gated_delta_product
     return mod

@@ -1,10 +1,12 @@
-"""cuDNN frontend adapter: ``cudnn.linear_attention.{gated_delta_net, kimi_delta_attention, gated_delta_net_v2}``.
+"""cuDNN frontend adapter: ``cudnn.linear_attention.{gated_delta_net, kimi_delta_attention, gated_delta_net_v2,
+gated_delta_product}``.
 
 What this file does, in the order a call goes through it:
 
 1. Pack the case's tensors to cuDNN's only layout, THD (``[T, heads, dim]`` + int32 ``cu_seqlens``),
    the way a framework would: a dense batch goes to bshd and is reshaped ``[N*L, H, D]`` with
-   ``cu_seqlens = [0, L, 2L, ...]``.
+   ``cu_seqlens = [0, L, 2L, ...]``. GDP's k, v, beta go in expanded, ``[T*n, ...]`` (its cases are thd),
+   with ``num_householder`` as the 7th positional argument.
 2. Give every tensor a dtype the op accepts (FE 1.32 ``check_dtype`` rules). The case inputs already
    conform; anything that does not is converted *and the conversion is recorded* in ``Verdict.notes``.
 3. Map every Case flag to its keyword (``gate_lower_bound`` by keyword: its position differs between
@@ -41,7 +43,7 @@ _F32, _BF16, _F16 = torch.float32, torch.bfloat16, torch.float16
 
 
 def _accepted_dtypes(op: str, name: str, io: torch.dtype) -> tuple[torch.dtype, ...]:
-    """The dtypes FE 1.32 accepts for one argument (ops/{gdn,kda,gdn2}.py ``check_dtype`` calls).
+    """The dtypes FE 1.32 accepts for one argument (ops/{gdn,kda,gdn2,gdp}.py ``check_dtype`` calls).
 
     q/k/v are not listed: their dtype *is* the case (an fp32-io case is for the engines to decline).
     """
@@ -206,6 +208,8 @@ class CudnnBackend:
         if case.op == "gdn2":
             args.append(tensors["w"])
         args.append(cu_seqlens)
+        if case.support.householder:
+            args.append(case.num_householder)
         kwargs = _flags(case)
         kwargs["initial_state"] = tensors["initial_state"]
         if tensors["a_log"] is not None:

@@ -37,6 +37,7 @@ ENTRY_POINTS = {
     "gdn": "gated_delta_net",
     "kda": "kimi_delta_attention",
     "gdn2": "gated_delta_net_v2",
+    "gdp": "gated_delta_product",  # GDP: num_householder is its 7th positional argument
 }
 
 FLOORS = {
@@ -125,7 +126,7 @@ def pair_verdict(op: str, env: Env) -> Verdict:
     # Engines: a pair runs when at least one engine family has everything it needs.
     sm = env.sm
     on_blackwell = env.cuda and sm in FROST_SMS
-    if op == "gdn2":  # FROST only
+    if op in ("gdn2", "gdp"):  # FROST only (gdp_frost is GDP's one engine, cudnn/linear_attention/frost/gdp_engine.py)
         if env.cuda and not on_blackwell:
             unmet.append(_frost_arch(env))
         unmet += _cutlass_dsl_unmet(env)
