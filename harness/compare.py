@@ -16,7 +16,7 @@ failing good kernels spuriously. Without a baseline the limit is the threshold. 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -129,7 +129,7 @@ def metrics(actual: torch.Tensor, ref: torch.Tensor) -> dict:
 
 
 def judge(op: str, io_dtype: str, quantity: str, error: float, baseline: float | None,
-          max_abs: float | None = None) -> dict:
+          max_abs: float | None = None, carried: str | None = None, at_least: float | None = None) -> dict:
     """Limit, headroom and pass/fail for one error; the entry's provenance travels with it.
 
     ``max_abs`` (the largest absolute error) at or below ``NEGLIGIBLE_MAX_ABS`` passes outright, as in FLA.
@@ -137,15 +137,21 @@ def judge(op: str, io_dtype: str, quantity: str, error: float, baseline: float |
     the verdict rests on the dtype's floor, not on the baseline. ``ill_posed``: the same-precision baseline
     itself misses the threshold, so the check judges the case at this precision more than the kernel; an error
     over the threshold but within ``c * baseline`` is then reported as ill-posed (never a pass), and only an
-    error worse than that (or non-finite) fails.
+    error worse than that (or non-finite) fails. ``carried``: a dtype the quantity was also rounded to on its
+    way (a bf16 state returned, or carried between calls, in an fp16 case): the floor is the coarser dtype's.
     """
     tol = tolerance(op, io_dtype, quantity)
+    if carried in UNIT_ROUNDOFF and UNIT_ROUNDOFF[carried] > UNIT_ROUNDOFF[io_dtype]:
+        tol = replace(tol, floor=tol.floor * UNIT_ROUNDOFF[carried] / UNIT_ROUNDOFF[io_dtype])
     limit = tol.threshold
     floor_judged = False
     if baseline is not None and math.isfinite(baseline):
         relative = max(tol.c * baseline, tol.floor)
         floor_judged = tol.c * baseline < tol.floor < tol.threshold
         limit = min(tol.threshold, relative)
+    if at_least is not None and math.isfinite(at_least) and at_least > limit:
+        # a reduced gradient's conditioning (harness/reductions.py): the limit a good dg allows the sum to move
+        limit = at_least
     ill_posed = baseline is not None and not (math.isfinite(baseline) and baseline <= tol.threshold)
     headroom = error / limit if limit > 0 else math.inf
     negligible = max_abs is not None and max_abs <= NEGLIGIBLE_MAX_ABS

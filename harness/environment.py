@@ -46,7 +46,7 @@ VERSION_KEYS = (
     "triton",
     "transformer_engine",
 )
-_DIST_KEYS = {
+DIST_KEYS = {
     "cudnn_frontend": ("nvidia-cudnn-frontend",),
     "cutlass_dsl": ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-internal"),
     "cuda_tile": ("cuda-tile",),
@@ -248,7 +248,7 @@ def _probe(finder: Finder) -> Env:
     versions["torch"] = tf.get("torch")
     versions["cuda_runtime"] = tf.get("cuda_runtime")
     versions["torch_cudnn"] = tf.get("torch_cudnn")
-    for key, dists in _DIST_KEYS.items():
+    for key, dists in DIST_KEYS.items():
         versions[key] = next((v for v in map(finder.dist_version, dists) if v), None)
     versions["cudart"] = finder.cudart_version()
     versions["driver"] = finder.driver_version() if cuda else None

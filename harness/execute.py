@@ -18,6 +18,7 @@ from deltacheck.cases import Case
 
 from . import pool
 from .environment import probe_env
+from .known import format_known_report
 from .required import RequiredTally, format_required_report, required_pairs
 from .results import Result, ResultStream, end_record, latest_per_check, read_records
 from .rundir import new_run_dir, open_run, resume_run
@@ -90,7 +91,7 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
     def on_done(i, summary):
         case, spec = by_index[i]
         statuses.update(summary["statuses"])
-        tally.add(spec, case.op, summary)
+        tally.add(spec, case.op, summary, case.id)
         progress.update(f"{spec} {case.id}")
 
     finished_before = []
@@ -131,17 +132,20 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
     progress.close()
 
     failures = tally.failures(required, verdicts)
-    status = 1 if (statuses["fail"] or statuses["error"] or failures) else 0
+    status = 1 if (statuses["fail"] or statuses["error"] or failures or tally.known_gone) else 0
     with ResultStream(results_path) as out:
-        out.write(end_record(statuses, status, failures, {f"{b}:{o}": n for (b, o), n in tally.executed.items()}))
-    print_summary(stream, run_dir, verdicts, required, tally.executed, statuses, failures, results_path)
+        out.write(end_record(statuses, status, failures, {f"{b}:{o}": n for (b, o), n in tally.executed.items()},
+                             known_gone=tally.known_gone))
+    print_summary(stream, run_dir, verdicts, required, tally.executed, statuses, failures, results_path,
+                  tally.known_gone)
     return status, run_dir
 
 
-def print_summary(stream, run_dir, verdicts, required, executed, statuses, failures, results_path):
+def print_summary(stream, run_dir, verdicts, required, executed, statuses, failures, results_path,
+                  known_gone=()):
     w = stream.write
-    w(f"\ndeltacheck run {run_dir.name}: " + ", ".join(f"{statuses[s]} {s}" for s in ("pass", "fail", "skip", "error"))
-      + "\n")
+    w(f"\ndeltacheck run {run_dir.name}: "
+      + ", ".join(f"{statuses[s]} {s}" for s in ("pass", "fail", "known", "skip", "error")) + "\n")
     w("backend x op availability:\n")
     for (spec, op), v in sorted(verdicts.items()):
         req = " [REQUIRED]" if (spec, op) in required else ""
@@ -160,6 +164,12 @@ def print_summary(stream, run_dir, verdicts, required, executed, statuses, failu
           f"      re-run: {recs[0]['repro']}\n")
     if len(groups) > 20:
         w(f"  ... and {len(groups) - 20} more failing case x backend pairs (see the results file)\n")
+    known = [rec for rec in final if rec["status"] == "known"]
+    if known:
+        issues = sorted({str(rec["metrics"].get("known_issue")) for rec in known})
+        w(f"  {len(known)} check(s) failed as known issues ({', '.join(issues)}): not failures; listed in the reports\n")
     if failures:
         w(format_required_report(failures) + "\n")
+    if known_gone:
+        w(format_known_report(known_gone) + "\n")
     w(f"results: {results_path}\n")

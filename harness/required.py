@@ -18,6 +18,7 @@ from typing import Any
 from deltacheck.cases.support import OPS
 
 from .backends.base import Verdict
+from .known import no_longer_reproduces
 
 
 class RequiredModeError(Exception):
@@ -119,6 +120,7 @@ def required_failures(
     *,
     backward_selected: Collection[tuple[str, str]] | None = None,
     backward_runs: Mapping[tuple[str, str], tuple[int, int, str]] | None = None,
+    declined_inside: Mapping[tuple[str, str], tuple[int, str, str]] | None = None,
 ) -> list[str]:
     """One line per required pair that cannot be qualified (empty list: required mode holds).
 
@@ -132,6 +134,9 @@ def required_failures(
     - ``backward_runs``: per pair, ``(backward cases that ran forward, of them with gradients judged,
       first backward-decline reason)``; a required pair whose backward cases all had their backward
       declined case by case fails too (the pair-level verdict cannot see per-case declines).
+    - ``declined_inside``: per pair, ``(cases the library declined inside the envelope its adapter declares,
+      the first such case, its reason)``: a required pair that refuses what it is documented to serve fails.
+      Declines outside the envelope are skips with their reasons.
     - ``required`` may be the ``required_spec`` mapping, so each line also says what required it.
     """
     declined = declined or {}
@@ -176,6 +181,12 @@ def required_failures(
                 f"REQUIRED {name} ran no backward: all {n_bwd} backward case(s) had their gradients declined{why}; "
                 f"fix that cause or select backward cases it serves{src}"
             )
+        n_inside, first_case, inside_why = (declined_inside or {}).get(pair, (0, "", ""))
+        if n_inside:
+            failures.append(
+                f"REQUIRED {name} declined {n_inside} case(s) inside the envelope its adapter declares (it refused "
+                f"what it is documented to serve); first: {first_case}: {inside_why}{src}"
+            )
     return failures
 
 
@@ -199,14 +210,22 @@ class RequiredTally:
     decline_reason: dict = field(default_factory=dict)
     backward_runs: dict = field(default_factory=dict)  # pair -> [backward cases run forward, with grads, reason]
     backward_selected: set = field(default_factory=set)  # pairs with at least one backward case selected
+    declined_inside: dict = field(default_factory=dict)  # pair -> [count, first case id, its reason]
+    known_gone: list = field(default_factory=list)  # "known issue no longer reproduces" lines (harness/known.py)
 
     def select(self, spec: str, case) -> None:
         """Note a selected task (before it runs), so a pair whose backward cases never ran is still seen."""
         if case.backward:
             self.backward_selected.add((spec, case.op))
 
-    def add(self, spec: str, op: str, summary: Mapping[str, Any]) -> None:
+    def add(self, spec: str, op: str, summary: Mapping[str, Any], case_id: str = "") -> None:
         pair = (spec, op)
+        if summary.get("declined_inside_envelope"):
+            inside = self.declined_inside.setdefault(pair, [0, case_id, summary.get("decline_reason", "")])
+            inside[0] += 1
+        for issue, outcome in (summary.get("known") or {}).items():
+            if outcome == "gone":
+                self.known_gone.append(no_longer_reproduces(issue, case_id, spec))
         if summary.get("executed"):
             self.executed[pair] += 1
         if summary.get("declined"):
@@ -224,6 +243,7 @@ class RequiredTally:
             declined={k: (n, self.decline_reason.get(k, "")) for k, n in self.declined.items()},
             backward_selected=self.backward_selected,
             backward_runs={k: tuple(v) for k, v in self.backward_runs.items()},
+            declined_inside={k: tuple(v) for k, v in self.declined_inside.items()},
         )
 
     def to_json(self) -> dict:
@@ -233,6 +253,8 @@ class RequiredTally:
             "decline_reason": [[*k, r] for k, r in self.decline_reason.items()],
             "backward_runs": [[*k, *v] for k, v in self.backward_runs.items()],
             "backward_selected": [list(k) for k in self.backward_selected],
+            "declined_inside": [[*k, *v] for k, v in self.declined_inside.items()],
+            "known_gone": list(self.known_gone),
         }
 
     def merge(self, data: Mapping[str, Any]) -> None:
@@ -249,3 +271,7 @@ class RequiredTally:
             tally[1] += ran
             tally[2] = tally[2] or reason
         self.backward_selected.update(tuple(k) for k in data.get("backward_selected", []))
+        for spec, op, n, case_id, reason in data.get("declined_inside", []):
+            inside = self.declined_inside.setdefault((spec, op), [0, case_id, reason])
+            inside[0] += n
+        self.known_gone += [line for line in data.get("known_gone", []) if line not in self.known_gone]

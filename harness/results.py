@@ -18,7 +18,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SCHEMA = 1
-STATUSES = ("pass", "fail", "skip", "error")
+STATUSES = ("pass", "fail", "known", "skip", "error")
+# Statuses of a check that was judged: 'known' is a failure a known-issues entry covers (harness/known.py).
+JUDGED = ("pass", "fail", "known")
 # What makes two environments numerically comparable (the host name is left out).
 FINGERPRINT_FIELDS = ("cuda", "device_name", "capability", "python", "versions")
 
@@ -35,7 +37,7 @@ class Result:
     case: str
     backend: str
     check: str  # forward | state | continuation_ref | continuation_self | grad_<input> | determinism
-    status: str  # pass | fail | skip | error
+    status: str  # pass | fail | known | skip | error
     reason: str = ""
     op: str = ""
     io_dtype: str = ""
@@ -51,7 +53,7 @@ class Result:
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"status: expected one of {STATUSES}, got {self.status!r}")
-        if self.status in ("skip", "error", "fail") and not self.reason:
+        if self.status in ("skip", "error", "fail", "known") and not self.reason:
             raise ValueError(f"a {self.status} result needs a reason ({self.case} / {self.backend} / {self.check})")
 
     def to_record(self) -> dict:
@@ -134,8 +136,9 @@ def utc_now() -> str:
 
 
 def end_record(counts: dict[str, int], exit_status: int, required_failures: list[str],
-               executed: dict[str, int]) -> dict[str, Any]:
+               executed: dict[str, int], known_gone: list[str] | None = None) -> dict[str, Any]:
     """The ``end`` record that closes a run directory (``deltacheck run``, the pytest plugin, ``merge``); a run
     without one did not finish. ``counts``: results by status; ``executed``: cases run per ``"backend:op"``."""
     return {"kind": "end", "finished": utc_now(), "counts": dict(counts), "exit_status": exit_status,
-            "required_failures": list(required_failures), "executed": dict(executed)}
+            "required_failures": list(required_failures), "executed": dict(executed),
+            "known_gone": list(known_gone or [])}

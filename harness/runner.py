@@ -36,6 +36,8 @@ from .expected import (
     reference_name,
     weighted_loss,
 )
+from .known import load_known_issues
+from .reductions import judge_reduction
 from .results import Result
 from .task import checks_for, grad_inputs, task_result
 
@@ -49,6 +51,7 @@ class RunOptions:
     reference: str = "auto"  # oracle | chunked | auto
     baseline: bool = True  # compute the same-precision baseline for the FlashAttention criterion
     margin: int = 64  # NaN elements each side of every input buffer
+    known_issues: tuple[str, ...] = ()  # known-issues files (harness/known.py), loaded by every worker
 
 
 # --- inputs --------------------------------------------------------------------------------------
@@ -150,6 +153,13 @@ class CaseRunner:
         self.opts = opts
         self.keep = keep  # how many cases' expected values to hold (tasks arrive case-major: 1 suffices)
         self._expected: dict[str, Expected] = {}
+        self._known = None
+
+    def known_issues(self) -> list:
+        """The known-issues entries of ``opts.known_issues`` (loaded once; a bad file raises KnownIssuesError)."""
+        if self._known is None:
+            self._known = load_known_issues(self.opts.known_issues)
+        return self._known
 
     def expected(self, case: Case, subject: str = "") -> Expected:
         """The reference side of ``case`` (cached); raises ReferenceFailure, also cached, if it failed."""
@@ -215,14 +225,24 @@ class CaseRunner:
         done = {r.check for r in results}
         results += [base(check=c, status="error", reason=reason) for c in checks_for(case) if c not in done]
 
-    def _judge(self, case, quantity, check, actual, expected, baseline, base, seconds, offsets=None):
+    def _judge(self, case, quantity, check, actual, expected, baseline, base, seconds, offsets=None,
+               reduction: dict | None = None):
+        # The final state and a continuation (whose state is carried between calls) pass through the state dtype.
+        carried = case.state_dtype if (quantity == "state" or check.startswith("continuation")) else None
         m = compare.metrics(actual, expected)
         if "shape_mismatch" in m:
             return base(check=check, status="fail", reason=f"shape mismatch: {m['shape_mismatch']}",
                           metrics=m, seconds=seconds)
+        reduction = reduction or {}
         verdict = compare.judge(case.op, case.io_dtype, quantity, m["rel_rms"], baseline,
-                                max_abs=m["max_abs"] if not (m["nan"] or m["inf"]) else None)
+                                max_abs=m["max_abs"] if not (m["nan"] or m["inf"]) else None, carried=carried,
+                                at_least=reduction.get("conditioned_limit"))
         m.update({k: v for k, v in verdict.items() if k != "passed"})
+        m.update(reduction)
+        if reduction.get("consistent") is False:
+            return base(check=check, status="fail", metrics=m, seconds=seconds, reason=(
+                f"{quantity} is not the sum the backend's own dg implies: rel RMS {m['consistency_rel_rms']:.3e} from "
+                f"it > {m['consistency_limit']:.1e} (a wrong reduction, e.g. a dropped chain-rule factor)"))
         if offsets is not None:
             m.update(compare.localize(actual, expected, offsets, verdict["limit"]))
         ref_bad = int((~torch.isfinite(expected)).sum())
@@ -243,6 +263,18 @@ class CaseRunner:
         if m.get("first_bad_token") is not None:
             reason += f"; diverges at token {m['first_bad_token']}, worst seq {m['worst_seq']}, head {m['worst_head']}"
         return base(check=check, status="fail", reason=reason, metrics=m, seconds=seconds)
+
+    def _reduction(self, case, name, inputs, got, grads, exp) -> dict:
+        """For a reduced parameter gradient (a_log, dt_bias): consistency with the backend's own dg, and the
+        limit widened to c * baseline(dg) * conditioning (harness/reductions.py)."""
+        if name not in ("a_log", "dt_bias"):
+            return {}
+        out = judge_reduction(case, name, inputs, got, grads.get("g"), exp.grads.get("g"))
+        b_dg, kappa = exp.baseline_err.get("dg"), out.get("conditioning")
+        if b_dg is not None and kappa is not None and math.isfinite(b_dg) and math.isfinite(kappa):
+            tol = compare.tolerance(case.op, case.io_dtype, GRAD_NAMES[name])
+            out["conditioned_limit"] = tol.c * b_dg * kappa
+        return out
 
     def _forward(self, case, backend, verdict, base, exp, results):
         opts = self.opts
@@ -275,7 +307,9 @@ class CaseRunner:
                     results.append(base(check=check, status="fail", reason=f"backend returned no gradient for {n}"))
                     continue
                 q = GRAD_NAMES[n]
-                results.append(self._judge(case, q, check, got, want, exp.baseline_err.get(q), base, 0.0))
+                reduction = self._reduction(case, n, inputs, got, grads, exp)
+                results.append(self._judge(case, q, check, got, want, exp.baseline_err.get(q), base, 0.0,
+                                           reduction=reduction))
         return inputs, out, state
 
     def _continuation_checks(self, case, backend, inputs, out, state, base, exp, results):

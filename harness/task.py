@@ -14,7 +14,8 @@ from typing import Any
 
 from .availability import case_verdict, envelope_verdict
 from .backends.base import BackendLoadError, get_backend
-from .results import Result
+from .known import applicable, mark_known, outcomes
+from .results import JUDGED, Result
 
 
 def repro_command(case, backend_spec: str) -> str:
@@ -60,12 +61,21 @@ def unjudged_results(case, backend_spec: str, judged: set[str], reason: str) -> 
             for c in checks_for(case) if c not in judged]
 
 
-def run_task(runner, case, spec: str, env, sink=None) -> list[Result]:
+class TaskResults(list):
+    """A task's results, plus ``known``: per known-issues entry that applies to the case, its outcome."""
+
+    known: dict[str, str] = {}
+
+
+def run_task(runner, case, spec: str, env, sink=None) -> TaskResults:
     """All checks of one case x backend, each handed to ``sink`` as soon as it exists; a backend that
-    cannot even load, or whose ``check`` raises, becomes an error result."""
-    emitted: list[Result] = []
+    cannot even load, or whose ``check`` raises, becomes an error result. A failing check a known-issues entry
+    covers (``runner.known_issues()``) leaves as ``known``."""
+    emitted = TaskResults()
+    entries: list = []
 
     def emit(result: Result) -> None:
+        mark_known(result, entries)
         emitted.append(result)
         if sink is not None:
             sink(result)
@@ -78,6 +88,7 @@ def run_task(runner, case, spec: str, env, sink=None) -> list[Result]:
         backend = get_backend(spec)
     except BackendLoadError as exc:
         return error(str(exc))
+    entries[:] = applicable(runner.known_issues(), case, spec, getattr(backend, "name", spec), env)
     try:
         verdict = case_verdict(backend, spec, case, env)
     except Exception as exc:  # noqa: BLE001 - a crashing check is that case's error, not the run's end
@@ -91,6 +102,7 @@ def run_task(runner, case, spec: str, env, sink=None) -> list[Result]:
     except Exception as exc:  # noqa: BLE001 - the harness's own failure on one case must not end the run
         return error(f"harness error: {type(exc).__name__}: {exc}",
                      metrics={"traceback": traceback.format_exc(limit=-4)})
+    emitted.known = outcomes(emitted, entries)
     return emitted
 
 
@@ -98,7 +110,7 @@ def task_summary(results: list[Result]) -> dict:
     """What a worker reports for a finished task (and what ``required.RequiredTally.add`` reads)."""
     statuses = Counter(r.status for r in results)
     fwd = next((r for r in results if r.check == "forward"), None)
-    executed = fwd is not None and fwd.status in ("pass", "fail")
+    executed = fwd is not None and fwd.status in JUDGED
     grads = [r for r in results if r.check.startswith("grad_")]
     return {
         "statuses": dict(statuses),
@@ -107,6 +119,10 @@ def task_summary(results: list[Result]) -> dict:
         "decline_reason": fwd.reason if fwd is not None and fwd.status == "skip" else "",
         # a backward case that ran forward: were its gradients judged, or declined?
         "backward_case": executed and bool(grads),
-        "backward_ran": any(r.status in ("pass", "fail") for r in grads),
+        "backward_ran": any(r.status in JUDGED for r in grads),
         "backward_reason": next((r.reason for r in grads if r.status == "skip"), ""),
+        "known": dict(getattr(results, "known", {})),
+        # the library declined a case its adapter declares it serves (required mode fails on it)
+        "declined_inside_envelope": (fwd is not None and fwd.status == "skip"
+                                     and bool(fwd.metrics.get("envelope_inside"))),
     }

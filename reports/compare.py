@@ -120,7 +120,9 @@ def _classify(old: dict | None, new: dict | None, factor: float, floor: float) -
         change.detail = "only in the new run" if old is None else "only in the old run"
         return change
 
-    o, n = old["status"], new["status"]
+    # 'known' is a failure a known-issues entry covers: for what changed, it counts as a failure (a check that
+    # passed and now fails as known is still a new failure; known -> pass is fixed; fail <-> known is the same).
+    o, n = ("fail" if s == "known" else s for s in (old["status"], new["status"]))
     if o != n:
         if n == "fail":
             change.kind = "new_failure"
@@ -130,7 +132,7 @@ def _classify(old: dict | None, new: dict | None, factor: float, floor: float) -
             change.kind = "newly_declined"
         else:  # n == "pass"
             change.kind = "newly_running" if o == "skip" else "fixed"
-            change.detail = f"was {o}: {old['reason']}"
+            change.detail = f"was {old['status']}: {old['reason']}"
         return change
 
     if o in ("skip", "error"):

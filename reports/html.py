@@ -128,14 +128,29 @@ def render_html(run: Run, summary: dict[str, Any]) -> str:
         out.append("<h2>By backend × op</h2>")
         out.append(_table(
             ["backend", "op", "cases", "ran", "passed", "failed", "errored", "declined",
-             "checks pass / fail / skip / error", "worst headroom", "worst case (check)", "worker s"],
+             "checks pass / fail / known / skip / error", "floor-judged", "ill-posed", "envelope notes", "worst headroom",
+             "worst case (check)", "worker s"],
             [[p["backend"], p["op"], p["cases"], p["ran"], p["passed"], _count(p["failed"]), _count(p["errored"]),
-              p["declined"], " / ".join(str(p["checks"][k]) for k in ("pass", "fail", "skip", "error")),
+              p["declined"], " / ".join(str(p["checks"].get(k, 0)) for k in ("pass", "fail", "known", "skip", "error")),
+              p.get("floor_judged", 0), p.get("ill_posed", 0), _count(p.get("envelope_disagreements", 0)),
               fmt_headroom(p["worst_headroom"]),
               Raw(f"{_code(p['worst_headroom_case']).html} ({escape(str(p['worst_headroom_check']))})")
               if p["worst_headroom_case"] else "",
               f"{p['seconds']:.0f}"] for p in summary["pairs"]],
-            numeric={2, 3, 4, 5, 6, 7, 9, 11}))
+            numeric={2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 14}))
+        if summary.get("known_gone"):
+            out.append("<h2>Known issues that no longer reproduce</h2>")
+            out.append(_table(["line"], [[line] for line in summary["known_gone"]]))
+        if summary.get("known"):
+            out.append("<h2>Known issues (expected failures, not counted as failures)</h2>")
+            out.append(_table(["issue", "backend", "case", "check", "reason", "re-run"],
+                              [[k["issue"], k["backend"], _code(k["case"]), k["check"], k["reason"], _code(k["repro"])]
+                               for k in summary["known"][:100]]))
+        if summary.get("envelope_disagreements"):
+            out.append("<h2>Envelope disagreements</h2>")
+            out.append(_table(["backend", "case", "note", "re-run"],
+                              [[d["backend"], _code(d["case"]), d["note"], _code(d["repro"])]
+                               for d in summary["envelope_disagreements"][:50]]))
 
     out.append("<h2>Results by op × backend × dtype × check</h2>")
     if summary["groups"]:

@@ -78,6 +78,9 @@ def render_junit(run: Run, required_failure_lines: list[str]) -> str:
             elif r["status"] == "skip":
                 counts["skipped"] += 1
                 ET.SubElement(case_el, "skipped", message=_text(r["reason"]))
+            elif r["status"] == "known":  # an expected failure (a known-issues entry), as pytest writes xfail
+                counts["skipped"] += 1
+                ET.SubElement(case_el, "skipped", type="pytest.xfail", message=_text(r["reason"]))
         suite.set("tests", str(len(results)))
         for key, n in counts.items():
             suite.set(key, str(n))

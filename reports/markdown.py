@@ -76,14 +76,37 @@ def render_markdown(summary: dict[str, Any]) -> str:
         out += ["## By backend × op", ""]
         out += table(
             ["backend", "op", "cases", "ran", "passed", "failed", "errored", "declined",
-             "checks pass / fail / skip / error", "worst headroom", "worst case (check)", "worker s"],
+             "checks pass / fail / known / skip / error", "floor-judged", "ill-posed", "envelope notes", "worst headroom",
+             "worst case (check)", "worker s"],
             [[p["backend"], p["op"], p["cases"], p["ran"], p["passed"], f"**{p['failed']}**" if p["failed"] else 0,
               f"**{p['errored']}**" if p["errored"] else 0, p["declined"],
-              " / ".join(str(p["checks"][s]) for s in ("pass", "fail", "skip", "error")),
+              " / ".join(str(p["checks"].get(s, 0)) for s in ("pass", "fail", "known", "skip", "error")),
+              p.get("floor_judged", 0), p.get("ill_posed", 0),
+              f"**{p.get('envelope_disagreements', 0)}**" if p.get("envelope_disagreements") else 0,
               fmt_headroom(p["worst_headroom"]),
               f"{code(p['worst_headroom_case'])} ({p['worst_headroom_check']})" if p["worst_headroom_case"] else "",
               f"{p['seconds']:.0f}"] for p in summary["pairs"]],
         )
+        out.append("")
+        out.append("Floor-judged: the limit was the io dtype's floor, not 2x the baseline. Ill-posed: the same-precision "
+                   "baseline itself missed the threshold, so the check judged the case at this precision (a skip, never "
+                   "a pass). Envelope notes: the library declined a case inside the envelope its adapter declares, or "
+                   "ran one outside it.")
+        out.append("")
+    if summary.get("known_gone"):
+        out += ["## Known issues that no longer reproduce (the run fails: remove or narrow the entries)", ""]
+        out += [f"- {line}" for line in summary["known_gone"]] + [""]
+    if summary.get("known"):
+        out += ["## Known issues (expected failures, not counted as failures)", ""]
+        out += table(["issue", "backend", "case", "check", "reason", "re-run"],
+                     [[k["issue"], k["backend"], code(k["case"]), k["check"], k["reason"], code(k["repro"])]
+                      for k in summary["known"][:100]])
+        out.append("")
+    if summary.get("envelope_disagreements"):
+        out += ["## Envelope disagreements", ""]
+        out += table(["backend", "case", "note", "re-run"],
+                     [[d["backend"], code(d["case"]), d["note"], code(d["repro"])]
+                      for d in summary["envelope_disagreements"][:50]])
         out.append("")
 
     out += markdown_section(summary.get("frontiers") or [], table, code)

@@ -14,7 +14,7 @@ from .frontier import frontier_summaries
 from .load import Run, finite, number
 
 SUMMARY_SCHEMA = "deltacheck-summary/1"
-STATUS_ORDER = ("pass", "fail", "skip", "error")
+STATUS_ORDER = ("pass", "fail", "known", "skip", "error")
 # The checks harness/task.py's checks_for() emits, in that order ("grad_" stands for every grad_<input>).
 CHECK_ORDER = ("forward", "state", "continuation_ref", "continuation_self", "grad_", "determinism")
 
@@ -51,7 +51,7 @@ def required_failures(run: Run) -> tuple[list[str], bool]:
     records and the results (a required pair that cannot run, or that executed zero cases)."""
     if run.end is not None and isinstance(run.end.get("required_failures"), list):
         return [str(x) for x in run.end["required_failures"]], False
-    executed = Counter(_pair(r) for r in run.results if r["status"] in ("pass", "fail"))
+    executed = Counter(_pair(r) for r in run.results if r["status"] in ("pass", "fail", "known"))
     lines = []
     for gate in run.gates:
         if not gate.get("required"):
@@ -72,7 +72,10 @@ def _metrics_brief(result: dict[str, Any]) -> dict[str, Any]:
 
 def pair_table(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per backend x op: how many cases ran and how they ended, the worst headroom with its case
-    and check, and the seconds the workers spent (summed over tasks: with ``--jobs`` more than wall time).
+    and check, and the seconds the workers spent (summed over tasks: with ``--jobs`` more than wall time);
+    ``floor_judged`` / ``ill_posed`` count checks whose limit was the dtype's floor / whose baseline missed the
+    threshold, ``envelope_disagreements`` the cases the library declined inside (or ran outside) the envelope
+    the backend declares (docs/verdicts.md).
 
     A case *ran* when any of its checks passed or failed; it *passed* when it ran with nothing failed or
     errored; *declined* when every check was skipped; *errored* when a check errored and none failed."""
@@ -81,10 +84,14 @@ def pair_table(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in results:
         pair = (r["backend"], r["op"])
         row = rows.setdefault(pair, {"backend": pair[0], "op": pair[1], "cases": 0, "ran": 0, "passed": 0,
-                                     "failed": 0, "errored": 0, "declined": 0,
+                                     "failed": 0, "known": 0, "errored": 0, "declined": 0,
                                      "checks": {s: 0 for s in STATUS_ORDER}, "worst_headroom": None,
-                                     "worst_headroom_case": None, "worst_headroom_check": None, "seconds": 0.0})
+                                     "worst_headroom_case": None, "worst_headroom_check": None, "seconds": 0.0,
+                                     "floor_judged": 0, "ill_posed": 0, "envelope_disagreements": 0})
         row["checks"][r["status"]] += 1
+        row["floor_judged"] += bool(r["metrics"].get("floor_judged"))
+        row["ill_posed"] += bool(r["metrics"].get("ill_posed"))
+        row["envelope_disagreements"] += bool(r["metrics"].get("envelope_disagreement"))
         row["seconds"] += r["seconds"]
         by_case.setdefault(pair, {}).setdefault(r["case"], Counter())[r["status"]] += 1
         head = number(r["metrics"].get("headroom"))
@@ -94,10 +101,12 @@ def pair_table(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row = rows[pair]
         for statuses in cases.values():
             row["cases"] += 1
-            ran = statuses["pass"] + statuses["fail"] > 0
+            ran = statuses["pass"] + statuses["fail"] + statuses["known"] > 0
             row["ran"] += ran
             if statuses["fail"]:
                 row["failed"] += 1
+            elif statuses["known"]:
+                row["known"] += 1
             elif statuses["error"]:
                 row["errored"] += 1
             elif ran:
@@ -139,6 +148,10 @@ def summarize(run: Run) -> dict[str, Any]:
     for e in skip_list:
         e["pairs"] = sorted(e["pairs"])
 
+    disagreements = [{"case": r["case"], "backend": r["backend"], "op": r["op"],
+                      "note": str(r["metrics"]["envelope_disagreement"]), "repro": repro_command(r)}
+                     for r in results if r["metrics"].get("envelope_disagreement")]
+
     problems = [r for r in results if r["status"] in ("fail", "error")]
     problems.sort(key=lambda r: (r["status"] != "fail", -badness(r["metrics"].get("headroom")), r["case"]))
     failures = [{
@@ -156,12 +169,14 @@ def summarize(run: Run) -> dict[str, Any]:
     req_lines, req_derived = required_failures(run)
     end = run.end or {}
     exit_status = end.get("exit_status")
-    failed = bool(counts["fail"] or counts["error"] or req_lines or (isinstance(exit_status, int) and exit_status))
+    known_gone = [str(x) for x in (run.end or {}).get("known_gone") or []]
+    failed = bool(counts["fail"] or counts["error"] or req_lines or known_gone
+                  or (isinstance(exit_status, int) and exit_status))
     if failed:
         verdict = "FAILED"
     elif run.end is None:
         verdict = "INCOMPLETE"
-    elif not (counts["pass"] or counts["fail"]):
+    elif not (counts["pass"] or counts["fail"] or counts["known"]):
         verdict = "NOTHING RAN"  # no results, or every one declined: a green run that verified nothing
     else:
         verdict = "PASSED"
@@ -199,6 +214,11 @@ def summarize(run: Run) -> dict[str, Any]:
         "groups": group_list,
         "skip_reasons": skip_list,
         "failures": failures,
+        "known": [{"case": r["case"], "backend": r["backend"], "op": r["op"], "check": r["check"],
+                   "issue": str(r["metrics"].get("known_issue") or ""), "reason": r["reason"],
+                   "repro": repro_command(r)} for r in results if r["status"] == "known"],
+        "known_gone": known_gone,
+        "envelope_disagreements": disagreements,
         "frontiers": frontier_summaries(run.frontiers),
         "input_problems": [{"line": p.line, "message": p.message} for p in run.problems],
     }
@@ -223,7 +243,8 @@ def counts_line(summary: dict[str, Any], *, text=str, case=str) -> str:
     """"N results: … pass, … fail, …; worst headroom … (backend check, case)" — ``text`` escapes the plain parts
     and ``case`` marks up the case id, per output format (Markdown, HTML, the terminal)."""
     c = summary["counts"]
-    line = f"{c['total']} results: {c['pass']} pass, {c['fail']} fail, {c['skip']} skip, {c['error']} error"
+    known = f", {c['known']} known" if c.get("known") else ""
+    line = f"{c['total']} results: {c['pass']} pass, {c['fail']} fail{known}, {c['skip']} skip, {c['error']} error"
     worst = summary.get("worst_headroom")
     if worst:
         line += f"; worst headroom {fmt_headroom(worst['headroom'])} ({worst['backend']} {worst['check']}, "

@@ -218,3 +218,74 @@ class SteepGateBreaks:
         if bool((inputs["g"].detach() < self.BREAKS_BELOW).any()):
             return out * float("nan"), state * float("nan")
         return out, state
+
+
+class _ScaledGrad(torch.autograd.Function):
+    """Identity forward; the backward multiplies the incoming gradient by ``factor`` (a dropped chain factor)."""
+
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.save_for_backward(factor)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (factor,) = ctx.saved_tensors
+        return grad * factor, None
+
+
+class DroppedChainFactor(Working):
+    """Right everywhere except d a_log, which misses the exp(a_log) factor of the sigmoid safe gate's chain rule
+    (a KDA/GDN2 kernel that forgot d(exp(a_log))/d(a_log) = exp(a_log))."""
+
+    name = "dropped-chain-factor"
+
+    def run(self, case, inputs):
+        a_log = inputs.get("a_log")
+        if a_log is not None and a_log.requires_grad:
+            inputs = {**inputs, "a_log": _ScaledGrad.apply(a_log, torch.exp(-a_log.detach()))}
+        return get_backend("oracle").run(case, inputs)
+
+
+class _NoisySigmoidGate(torch.autograd.Function):
+    """KDA/GDN2's safe gate lb * sigmoid(exp(a_log) (g + dt_bias)) on packed [T, HO, K], whose backward returns a dg
+    with relative noise and the d a_log / d dt_bias its own dg implies — as FLA's chunk_kda does (measured)."""
+
+    @staticmethod
+    def forward(ctx, g, a_log, dt_bias, lower_bound, noise):
+        a = torch.exp(a_log)[None, :, None]
+        s = torch.sigmoid(a * (g + dt_bias))
+        ctx.save_for_backward(g, a_log, dt_bias, s)
+        ctx.lower_bound, ctx.noise = lower_bound, noise
+        return lower_bound * s
+
+    @staticmethod
+    def backward(ctx, grad):
+        g, a_log, dt_bias, s = ctx.saved_tensors
+        a = torch.exp(a_log)[None, :, None]
+        dg = grad * ctx.lower_bound * s * (1 - s) * a
+        generator = torch.Generator().manual_seed(7)
+        dg = dg * (1 + torch.randn(dg.shape, generator=generator, dtype=dg.dtype) * ctx.noise)  # element-wise
+        x = g + dt_bias
+        return dg, (dg * x).sum(dim=(0, 2)), dg.sum(dim=0), None, None
+
+
+class NoisyDgConsistentReduction(Working):
+    """A KDA kernel (thd, sigmoid safe gate with a_log and dt_bias) whose dg carries ~6e-3 relative noise (FLA's
+    measured dg error) and whose d a_log / d dt_bias are exactly the sums that dg implies."""
+
+    name = "noisy-dg-consistent-reduction"
+    NOISE = 6e-3
+
+    def run(self, case, inputs):
+        from deltacheck import reference
+
+        assert case.op == "kda" and case.layout == "thd" and case.safe_gate and case.a_log and case.dt_bias
+        g_eff = _NoisySigmoidGate.apply(inputs["g"].double(), inputs["a_log"].double(), inputs["dt_bias"].double(),
+                                        case.support.gate_lower_bound, self.NOISE)
+        f64 = {n: (x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x) for n, x in inputs.items()}
+        kwargs = {**case.reference_kwargs(), "safe_gate": False, "initial_state": f64.get("initial_state"),
+                  "state_layout": "vk"}
+        kwargs.pop("gate_lower_bound", None)
+        out, final_vk = reference.kda(f64["q"], f64["k"], f64["v"], g_eff, f64["beta"], f64["cu_seqlens"], **kwargs)
+        return out, final_vk.transpose(-1, -2)

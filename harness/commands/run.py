@@ -19,6 +19,7 @@ from deltacheck.harness.availability import case_verdict, load_backend
 from deltacheck.harness.backends.base import Verdict
 from deltacheck.harness.environment import probe_env
 from deltacheck.harness.execute import execute
+from deltacheck.harness.known import KnownIssuesError, known_issue_paths, load_known_issues
 from deltacheck.harness.required import RequireSpecError, required_pairs
 from deltacheck.harness.rundir import ResumeError
 from deltacheck.harness.runner import RunOptions
@@ -66,6 +67,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", default="auto", choices=["auto", "oracle", "chunked"],
                    help="fp64 reference: token oracle, chunked, or auto (oracle up to 2048 tokens)")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--known-issues", action="append", default=[], metavar="FILE",
+                   help="a known-issues TOML file (repeatable; docs/required-mode.md): failing checks it covers are "
+                        "'known', not failures, and a covered case that passes fails the run. Also read: the table "
+                        "deltacheck ships and $DELTACHECK_KNOWN_ISSUES (FILE[:FILE...])")
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the same-precision baseline (limits fall back to the absolute thresholds)")
     p.add_argument("--in-process", action="store_true", help="no worker process (faster start; a hard crash ends the run)")
@@ -91,7 +96,8 @@ def _options(args) -> RunOptions:
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return RunOptions(device=device, reference=args.reference, baseline=not args.no_baseline)
+    return RunOptions(device=device, reference=args.reference, baseline=not args.no_baseline,
+                      known_issues=tuple(known_issue_paths(args.known_issues)))
 
 
 def cmd_run(args) -> int:
@@ -107,6 +113,11 @@ def cmd_run(args) -> int:
     try:
         required_pairs(os.environ)
     except RequireSpecError as exc:  # a malformed setting is a usage error
+        print(f"deltacheck run: {exc}", file=sys.stderr)
+        return 2
+    try:
+        load_known_issues(known_issue_paths(args.known_issues))
+    except KnownIssuesError as exc:
         print(f"deltacheck run: {exc}", file=sys.stderr)
         return 2
     if args.in_process and (args.jobs > 1 or args.task_timeout):

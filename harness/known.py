@@ -1,0 +1,191 @@
+"""Known issues, as data: checks a kernel is known (and reported) to fail, so a CI lane that tracks a real defect
+stays green — and goes red the day the defect is fixed, so the entry is noticed and removed.
+
+A table ships with the project (``harness/known_issues.toml``); users add files with
+``DELTACHECK_KNOWN_ISSUES=FILE[:FILE...]`` (read by ``run``, ``verify`` and the pytest plugin) and
+``deltacheck run --known-issues FILE``. TOML, one ``[[issue]]`` table per entry:
+
+    [[issue]]
+    id = "cudnn-kda-hopper-nan-steep-decay"       # unique
+    backend = "cudnn"                              # a registered name, a Backend's name, or pkg.mod:attr
+    op = "kda"
+    versions = { nvidia-cudnn-frontend = ">=1.30,<1.33" }   # optional: PEP 440 specifiers per package
+    sm = [90]                                      # optional (an extension): GPU architectures it is seen on
+    where = "extreme"                              # a -k expression over case ids
+    checks = ["forward", "state"]                  # optional: only these checks (default: every check)
+    reason = "all-NaN output under steep decay, no decline"
+    evidence = "deltacheck run --case '...' --backend cudnn (H200, FE 1.32.0)"
+
+A failing check an entry matches becomes ``known`` (an xfail): not a failure, listed apart, counted on its own.
+Strict, like pytest's ``xfail_strict``: a case an entry matches whose in-scope checks all pass fails the run
+with "known issue no longer reproduces". docs/required-mode.md and docs/run-directory.md describe the rest.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+from deltacheck.cases.kexpr import KExprError, compile_k
+
+from .environment import DIST_KEYS, version_in
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+ENV_VAR = "DELTACHECK_KNOWN_ISSUES"
+SHIPPED = Path(__file__).with_name("known_issues.toml")
+_KEYS = {"id", "backend", "op", "versions", "sm", "where", "checks", "reason", "evidence"}
+_REQUIRED = ("id", "backend", "op", "where", "reason", "evidence")
+
+
+class KnownIssuesError(ValueError):
+    """A known-issues file that cannot be used; the message names the file, the entry and the key."""
+
+
+@dataclass(frozen=True)
+class KnownIssue:
+    id: str
+    backend: str
+    op: str
+    where: str
+    reason: str
+    evidence: str
+    versions: Mapping[str, str] = field(default_factory=dict)
+    sm: tuple[int, ...] = ()
+    checks: tuple[str, ...] = ()
+    source: str = ""
+
+    def applies_to(self, case, spec: str, backend_name: str, env) -> bool:
+        """Whether this entry speaks about ``case`` run against backend ``spec`` on ``env`` (every check)."""
+        if self.backend not in (spec, backend_name) or self.op != case.op:
+            return False
+        if self.sm and (env is None or env.sm not in self.sm):
+            return False
+        for package, spec_text in self.versions.items():
+            key = _version_key(package)
+            if env is None or not version_in(env.versions.get(key), spec_text):
+                return False
+        return compile_k(self.where)(case.id)
+
+    def covers(self, check: str) -> bool:
+        return not self.checks or check in self.checks
+
+
+def _version_key(package: str) -> str:
+    """``nvidia-cudnn-frontend`` -> ``cudnn_frontend`` (the Env.versions key); a key itself passes through."""
+    for key, dists in DIST_KEYS.items():
+        if package == key or package in dists:
+            return key
+    return package
+
+
+def _entry(raw: Mapping, where: str, seen: dict[str, str]) -> KnownIssue:
+    unknown = set(raw) - _KEYS
+    if unknown:
+        raise KnownIssuesError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; keys are {', '.join(sorted(_KEYS))}")
+    missing = [k for k in _REQUIRED if not isinstance(raw.get(k), str) or not raw.get(k).strip()]
+    if missing:
+        raise KnownIssuesError(f"{where}: missing or empty {', '.join(missing)} (each a non-empty string)")
+    ident = raw["id"]
+    if ident in seen:
+        raise KnownIssuesError(f"{where}: id {ident!r} is already used by {seen[ident]}")
+    seen[ident] = where
+    try:
+        compile_k(raw["where"])
+    except KExprError as exc:
+        raise KnownIssuesError(f"{where}: where: {exc}") from None
+    versions = raw.get("versions", {})
+    if not isinstance(versions, Mapping):
+        raise KnownIssuesError(f"{where}: versions must be a table of package = \"specifiers\"")
+    for package, spec in versions.items():
+        try:
+            SpecifierSet(spec)
+        except (InvalidSpecifier, TypeError):
+            raise KnownIssuesError(f"{where}: versions.{package} = {spec!r} is not a PEP 440 specifier set") from None
+    checks = raw.get("checks", [])
+    sm = raw.get("sm", [])
+    if not isinstance(checks, list) or not all(isinstance(c, str) for c in checks):
+        raise KnownIssuesError(f"{where}: checks must be a list of check names")
+    if not isinstance(sm, list) or not all(isinstance(x, int) for x in sm):
+        raise KnownIssuesError(f"{where}: sm must be a list of compute capabilities like [90]")
+    return KnownIssue(ident, raw["backend"], raw["op"], raw["where"], raw["reason"], raw["evidence"],
+                      dict(versions), tuple(sm), tuple(checks), source=where)
+
+
+def load_known_issues(paths: Iterable[str | os.PathLike]) -> list[KnownIssue]:
+    """Every entry of every file, in order; a file that cannot be used raises ``KnownIssuesError``."""
+    entries: list[KnownIssue] = []
+    seen: dict[str, str] = {}
+    for path in paths:
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise KnownIssuesError(f"known issues file {path}: cannot read it ({exc.strerror or exc})") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise KnownIssuesError(f"known issues file {path}: not valid TOML ({exc})") from None
+        issues = data.get("issue", [])
+        if set(data) - {"issue"} or not isinstance(issues, list):
+            raise KnownIssuesError(f"known issues file {path}: expected only [[issue]] tables")
+        for n, raw in enumerate(issues, 1):
+            entries.append(_entry(raw, f"{path} issue #{n}", seen))
+    return entries
+
+
+def known_issue_paths(extra: Iterable[str] = (), environ: Mapping[str, str] | None = None) -> list[str]:
+    """The shipped table, then ``DELTACHECK_KNOWN_ISSUES`` files, then ``--known-issues`` files."""
+    environ = os.environ if environ is None else environ
+    from_env = [p for p in environ.get(ENV_VAR, "").split(os.pathsep) if p]
+    return [str(SHIPPED), *from_env, *extra]
+
+
+def applicable(issues: list[KnownIssue], case, spec: str, backend_name: str, env) -> list[KnownIssue]:
+    """The entries that speak about this case x backend on this machine."""
+    return [issue for issue in issues if issue.applies_to(case, spec, backend_name, env)]
+
+
+def mark_known(result, entries: list[KnownIssue]) -> None:
+    """A failing check an entry covers becomes ``known`` (in place), its reason naming the entry."""
+    if result.status != "fail":
+        return
+    issue = next((i for i in entries if i.covers(result.check)), None)
+    if issue is not None:
+        result.status, result.reason = "known", f"known issue {issue.id}: {issue.reason} — {result.reason}"
+        result.metrics["known_issue"] = issue.id
+
+
+def outcomes(results, entries: list[KnownIssue]) -> dict[str, str]:
+    """Per entry that applies to the case: ``reproduced`` (a check failed as known), ``gone`` (every in-scope
+    check passed: the strict failure), or ``not judged`` (declined, errored, or no in-scope check)."""
+    out = {}
+    for issue in entries:
+        scoped = [r for r in results if issue.covers(r.check)]
+        if any(r.metrics.get("known_issue") == issue.id for r in scoped):
+            out[issue.id] = "reproduced"
+        elif scoped and {r.status for r in scoped} == {"pass"}:
+            out[issue.id] = "gone"
+        else:
+            out[issue.id] = "not judged"
+    return out
+
+
+def no_longer_reproduces(issue_id: str, case_id: str, spec: str, source: str = "") -> str:
+    where = f" (entry in {source})" if source else ""
+    return (f"known issue no longer reproduces: {issue_id} matches {case_id} against {spec}, whose checks all "
+            f"pass now; remove the entry or narrow its 'where'{where}")
+
+
+def format_known_report(lines: list[str]) -> str:
+    """The text ``deltacheck run`` and the pytest plugin print for entries that no longer reproduce."""
+    if not lines:
+        return ""
+    head = f"deltacheck KNOWN ISSUES NO LONGER REPRODUCE: {len(lines)} case(s) an entry covers now pass (strict)"
+    bar = "=" * len(head)
+    return "\n".join([bar, head, *(f"  * {line}" for line in lines), bar])
