@@ -20,7 +20,9 @@ def add_list_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--tier", default="L0", choices=TIERS, help="which tier (default L0)")
     parser.add_argument("--op", choices=tuple(OP_SUPPORT), help="only cases of this op")
     parser.add_argument("-k", dest="k", metavar="EXPR",
-                        help="pytest-like expression over ids: substrings with and/or/not/()")
+                        help="pytest-like expression over ids: substrings with and/or/not/(). A bare bf16 also "
+                             "matches state_bf16; the io dtype is the token between dashes, attached to the flag "
+                             "since it starts with '-': -k=-bf16-")
     parser.add_argument("--count", action="store_true",
                         help="print the number of cases and counts per axis value instead of ids")
     return parser
