@@ -82,19 +82,22 @@ def _hand_stderr_to_filter() -> None:
     try:
         sys.stderr.flush()
         read_end, write_end = os.pipe()
-        # -I -S: the standard library only, nothing of this process's environment or site packages
-        subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__)], stdin=read_end,
-                         stdout=subprocess.DEVNULL, close_fds=True)
+        # -I -S: the standard library only, nothing of this process's environment or site packages. The child
+        # forks the filter off and exits at once, so it is waited for here and no process is left unreaped.
+        subprocess.run([sys.executable, "-I", "-S", os.path.abspath(__file__)], stdin=read_end,
+                       stdout=subprocess.DEVNULL, close_fds=True, check=False, timeout=30)
         os.close(read_end)
         os.dup2(write_end, 2)
         os.close(write_end)
-    except OSError:
+    except (OSError, subprocess.SubprocessError):
         pass  # no filter: the report reaches the terminal, as it did before, and nothing else is lost
 
 
 def _filter_stdin_to_stderr() -> None:
     import signal
 
+    if hasattr(os, "fork") and os.fork() > 0:
+        os._exit(0)  # the process that started us waits for this one; the filter goes on in the fork
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a late Ctrl-C must not cut the lines still coming
     leak_filter = LeakFilter()
     out = sys.stderr.buffer
