@@ -6,6 +6,7 @@ closing summary. ``deltacheck run`` / ``verify`` drive it; tests call ``execute`
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -32,7 +33,8 @@ class Progress:
 
     LOG_EVERY_S = 60.0
 
-    def __init__(self, total: int, stream=sys.stderr):
+    def __init__(self, total: int, stream=None):
+        stream = stream or sys.stderr  # looked up per run: a default bound at import would outlive a redirect
         self.total, self.stream, self.done, self.t0 = total, stream, 0, time.monotonic()
         self.bar = stream.isatty() and not os.environ.get("CI")
         self.last_line = self.t0
@@ -71,13 +73,19 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
     env = probe_env()
     required = required_pairs(environ)
     extra = {"options": asdict(opts), "cases": len(cases)}
+    case_ids = [case.id for case in cases]
     already: dict[tuple[str, str], list[Result]] = {}
     if resume is not None:
         run_dir = Path(resume)
-        verdicts, already = resume_run(run_dir, backend_specs, env, required, argv or [], extra)
+        verdicts, already = resume_run(run_dir, backend_specs, env, required, argv or [], extra, case_ids)
     else:
         run_dir = new_run_dir(out_root)
-        verdicts = open_run(run_dir / "results.jsonl", backend_specs, env, required, argv or [], extra)
+        try:
+            verdicts = open_run(run_dir / "results.jsonl", backend_specs, env, required, argv or [],
+                                {**extra, "case_ids": case_ids})
+        except BaseException:
+            shutil.rmtree(run_dir, ignore_errors=True)  # no half-made run directory for reports to trip on
+            raise
     results_path = run_dir / "results.jsonl"
 
     tasks = [(i, (case, spec)) for i, (case, spec) in enumerate((c, s) for c in cases for s in backend_specs)]

@@ -2,8 +2,9 @@
 
 A worker (``python -m deltacheck.harness.worker``) reads a config line and then one task per line on its
 stdin, streams every result into its results file as it is judged, and reports each finished task on a pipe
-of its own (``DONE <i> <summary json>``): the worker's stdout and stderr stay the user's, so whatever a kernel
-library prints reaches the terminal or the CI log unchanged.
+of its own (``DONE <i> <summary json>``): the worker's stdout stays the user's, and its stderr reaches the
+user's line by line, so whatever a kernel library prints reaches the terminal or the CI log unchanged — all
+but nanobind's leak report, which cuDNN's extension prints by the page at every worker's exit (``leaks``).
 
 If a worker dies hard (segfault, CUDA illegal address, ``os._exit``), everything it wrote is on disk; the pool
 records an ``error`` for each check of the task in flight it never reached and goes on in a fresh worker. A
@@ -24,6 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .environment import probe_env, visible_gpus
+from .leaks import LeakFilter
 from .results import Result, ResultStream, fold_parts, read_records
 from .task import run_task, task_summary, unjudged_results
 
@@ -54,19 +56,49 @@ def worker_main() -> int:
 
 
 def spawn_worker(env: dict | None = None) -> tuple[subprocess.Popen, object]:
-    """A worker process and the parent's end of its protocol pipe (a text file to iterate by line)."""
+    """A worker process and the parent's end of its protocol pipe (a text file to iterate by line). The
+    worker's stderr reaches ours through ``_forward_stderr`` (``proc.stderr_forwarder``, joined once it ends)."""
     read_fd, write_fd = os.pipe()
     child_env = dict(os.environ if env is None else env)
     child_env[PROTOCOL_FD_ENV] = str(write_fd)
     try:
         proc = subprocess.Popen([sys.executable, "-m", "deltacheck.harness.worker"], stdin=subprocess.PIPE,
-                                text=True, bufsize=1, env=child_env, pass_fds=(write_fd,))
+                                stderr=subprocess.PIPE, text=True, bufsize=1, env=child_env, pass_fds=(write_fd,))
     except BaseException:
         os.close(read_fd)
         raise
     finally:
         os.close(write_fd)  # the child holds its copy: EOF here means the worker is gone
+    proc.stderr_forwarder = threading.Thread(target=_forward_stderr, args=(proc.stderr.buffer,), daemon=True)
+    proc.stderr_forwarder.start()
     return proc, os.fdopen(read_fd, "r", encoding="utf-8")
+
+
+def _forward_stderr(pipe) -> None:
+    """Copy a worker's stderr to ours as it comes, line by line and byte for byte, leaving out nanobind's leak
+    report (``leaks``): cuDNN's extension prints pages of it at every worker's exit."""
+    leak_filter = LeakFilter()
+    for line in iter(pipe.readline, b""):
+        if not leak_filter.keep(line):
+            continue
+        stream = sys.stderr  # looked up per line, so a redirected stderr (pytest's capture) is honoured
+        target = getattr(stream, "buffer", None)
+        stream.flush()
+        if target is not None:
+            target.write(line)
+            target.flush()
+        else:
+            stream.write(line.decode("utf-8", errors="replace"))
+            stream.flush()
+    pipe.close()
+
+
+def _end_forwarding(proc: subprocess.Popen) -> None:
+    """Wait for the rest of an ended worker's stderr, so it comes before what the run prints next. A process the
+    worker left behind may hold the pipe open: the wait is bounded, the thread a daemon."""
+    forwarder = getattr(proc, "stderr_forwarder", None)
+    if forwarder is not None:
+        forwarder.join(timeout=5)
 
 
 # Worker processes alive right now, so an interrupted run can end them instead of leaving them running.
@@ -90,6 +122,7 @@ def stop_workers() -> None:
     for proc in list(_LIVE_WORKERS):
         proc.kill()
         proc.wait()
+        _end_forwarding(proc)
         _LIVE_WORKERS.discard(proc)
 
 
@@ -179,6 +212,7 @@ def run_in_workers(queue: TaskQueue, results_path, opts, on_done, max_restarts=5
         protocol.close()
         code = proc.wait()
         watchdog.disarm()
+        _end_forwarding(proc)
         _LIVE_WORKERS.discard(proc)
         try:
             proc.stdin.close()  # already closed after the last task; open when the worker died

@@ -53,8 +53,10 @@ def pytest_configure(config):
         gpus = visible_gpus()
         if len(gpus) > 1:
             os.environ["CUDA_VISIBLE_DEVICES"] = gpus[int(worker[2:]) % len(gpus)]
+    from .leaks import filter_at_exit
     from .required import RequiredTally, RequireSpecError, required_pairs
 
+    filter_at_exit()  # cuDNN's nanobind leak report at this process's exit stays out of the terminal
     config.stash[_STATE_KEY] = {"tally": RequiredTally()}
     _open_run_dir(config)
     from .known import KnownIssuesError, known_issue_paths, load_known_issues
@@ -251,9 +253,12 @@ def _open_run_dir(config) -> None:
 
         from .environment import probe_env
         from .required import required_pairs
-        from .rundir import new_run_dir, open_run
+        from .rundir import RunDirError, new_run_dir, open_run
 
-        run_dir = new_run_dir(config.getoption("--dc-out"))
+        try:
+            run_dir = new_run_dir(config.getoption("--dc-out"))
+        except RunDirError as exc:
+            raise pytest.UsageError(f"--dc-out: {exc}") from None
         os.environ[_RUN_DIR_ENV] = str(run_dir)  # xdist workers start later and inherit it
         open_run(run_dir / "results.jsonl", _specs(config), probe_env(), required_pairs(),
                  ["pytest", *sys.argv[1:]])

@@ -91,9 +91,15 @@ def _jsonable(x: Any) -> Any:
 
 
 def read_records(path: str | os.PathLike) -> Iterator[tuple[int, dict | None, str]]:
-    """Yield ``(line_number, record or None, error)``; a corrupt line yields ``None`` and why."""
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    """Yield ``(line_number, record or None, error)``; a corrupt line yields ``None`` and why. Each line is
+    decoded on its own, so one line that is not UTF-8 costs that line only."""
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield lineno, None, f"not UTF-8 text ({exc.reason} at byte {exc.start + 1} of the line)"
+                continue
             if not line.strip():
                 continue
             try:
@@ -111,11 +117,11 @@ def fold_parts(main: str | os.PathLike, parts: list) -> None:
     """Append each part file (an xdist worker's or a ``--jobs`` shard's results) to ``main``, then
     delete it. A part is removed only after its records are on disk in ``main``."""
     for part in parts:
-        with open(part, encoding="utf-8") as src:
+        with open(part, "rb") as src:  # bytes: a line that is not UTF-8 is the reader's to report, not a crash here
             text = src.read()
         if text:
-            with open(main, "a", encoding="utf-8") as out:
-                out.write(text if text.endswith("\n") else text + "\n")
+            with open(main, "ab") as out:
+                out.write(text if text.endswith(b"\n") else text + b"\n")
                 out.flush()
                 os.fsync(out.fileno())
         os.unlink(part)

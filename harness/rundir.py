@@ -9,6 +9,7 @@ the same records.
 from __future__ import annotations
 
 import secrets
+import shlex
 import subprocess
 import time
 from collections import defaultdict
@@ -25,22 +26,32 @@ from .results import SCHEMA, Result, ResultStream, fingerprint, fold_parts, read
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
+class RunDirError(ValueError):
+    """``--out`` cannot hold a new run directory; the message names the path and why."""
+
+
 def new_run_dir(root: str | Path = "runs") -> Path:
     """Create and return a new run directory under ``root``: ``runs/20261130-051500-ab12cd/``.
 
     The name is the UTC start time plus a random suffix; an existing directory is never reused, so two
-    runs started in the same second (or on two machines writing to one share) never mix records."""
+    runs started in the same second (or on two machines writing to one share) never mix records. Raises
+    ``RunDirError`` when ``root`` cannot hold one (a file, a read-only directory)."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    for _ in range(100):
-        candidate = root / f"{stamp}-{secrets.token_hex(3)}"
-        try:
-            candidate.mkdir()
-        except FileExistsError:
-            continue
-        return candidate
-    raise FileExistsError(f"could not find an unused run directory name under {root}")
+    if root.exists() and not root.is_dir():
+        raise RunDirError(f"cannot create a run directory under {root}: it is a file, not a directory")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for _ in range(100):
+            candidate = root / f"{stamp}-{secrets.token_hex(3)}"
+            try:
+                candidate.mkdir()
+            except FileExistsError:
+                continue
+            return candidate
+    except OSError as exc:  # a file in the way, a read-only or missing mount
+        raise RunDirError(f"cannot create a run directory under {root}: {exc.strerror or exc}") from None
+    raise RunDirError(f"could not find an unused run directory name under {root}")
 
 
 def _git(args: list[str], cwd: Path) -> str | None:
@@ -91,11 +102,42 @@ class ResumeError(ValueError):
     """A run directory that ``--resume`` cannot continue; the message says why and what to do."""
 
 
-def resume_run(run_dir: Path, backend_specs: list[str], env, required, argv: list[str],
-               extra: dict) -> tuple[dict[tuple[str, str], Verdict], dict[tuple[str, str], list[Result]]]:
-    """Reopen an interrupted run: fold worker files it left, check that this is its environment, append a
-    ``resume`` record (and availability records for backends it did not have); return the verdicts and the
-    results it already holds, by (case id, backend)."""
+def selection_difference(header: dict, backend_specs: list[str], extra: dict, case_ids: list[str] | None) -> str:
+    """What this selection changes against the one a run's header records ("" when nothing): other cases,
+    backends or options would append another run's results to it. What the header does not record (a run of
+    an older deltacheck, a pytest run) is not compared."""
+    def listed(items: list[str]) -> str:
+        return ", ".join(items[:3]) + (f" and {len(items) - 3} more" if len(items) > 3 else "")
+
+    differences = []
+    if isinstance(header.get("case_ids"), list) and case_ids is not None:
+        theirs, ours = set(header["case_ids"]), set(case_ids)
+        if theirs != ours:
+            only_ours = [c for c in case_ids if c not in theirs]
+            only_theirs = [c for c in header["case_ids"] if c not in ours]
+            differences.append("cases: " + "; ".join(
+                ([f"{len(only_ours)} selected that the run does not hold ({listed(only_ours)})"] if only_ours else [])
+                + ([f"{len(only_theirs)} of the run's not selected ({listed(only_theirs)})"] if only_theirs else [])))
+    elif isinstance(header.get("cases"), int) and header["cases"] != extra.get("cases"):
+        differences.append(f"cases: {extra.get('cases')} selected, the run holds {header['cases']}")
+    if isinstance(header.get("backends"), list) and set(header["backends"]) != set(backend_specs):
+        differences.append(f"backends: {', '.join(backend_specs)} (the run's: {', '.join(header['backends'])})")
+    theirs_opts, ours_opts = header.get("options"), extra.get("options") or {}
+    if isinstance(theirs_opts, dict):
+        changed = [f"{k} {ours_opts[k]!r} (the run's: {theirs_opts[k]!r})" for k in sorted(ours_opts)
+                   if k in theirs_opts and theirs_opts[k] != ours_opts[k]]
+        if changed:
+            differences.append("options: " + ", ".join(changed))
+    return "; ".join(differences)
+
+
+def resume_run(run_dir: Path, backend_specs: list[str], env, required, argv: list[str], extra: dict,
+               case_ids: list[str] | None = None,
+               ) -> tuple[dict[tuple[str, str], Verdict], dict[tuple[str, str], list[Result]]]:
+    """Reopen an interrupted run: fold worker files it left, check that this is its environment and its
+    selection (``case_ids``, ``backend_specs`` and ``extra["options"]``), append a ``resume`` record (and
+    availability records for backends it did not have); return the verdicts and the results it already
+    holds, by (case id, backend)."""
     results_path = run_dir / "results.jsonl"
     if not results_path.is_file():
         raise ResumeError(f"--resume {run_dir}: not a run directory (no results.jsonl)")
@@ -123,12 +165,21 @@ def resume_run(run_dir: Path, backend_specs: list[str], env, required, argv: lis
                 f"{k} {v}" for k, v in sorted((e.get("versions") or {}).items()) if v)
         raise ResumeError(f"--resume {run_dir}: it ran in another environment ({describe(theirs)}) than this one "
                           f"({describe(ours)}); resume it there, or start a new run and `deltacheck compare` the two")
+    differs = selection_difference(header, backend_specs, extra, case_ids)
+    if differs:
+        argv_then = [str(a) for a in header.get("argv") or []]
+        then = f" (`deltacheck {shlex.join(argv_then)}`)" if argv_then[:1] in (["run"], ["verify"]) else ""
+        raise ResumeError(f"--resume {run_dir}: this selection differs from the run's ({differs}); resume it with "
+                          f"the selection it ran{then}, or start a new run")
     gates = availability_records(backend_specs, env, required)
-    with ResultStream(results_path) as out:
-        out.write({"kind": "resume", "started": utc_now(), "argv": argv, "env": ours, "backends": backend_specs,
-                   **extra, **provenance()})
-        for pair, (_, record) in gates.items():
-            if pair not in gated:
-                out.write(record)
+    try:
+        with ResultStream(results_path) as out:
+            out.write({"kind": "resume", "started": utc_now(), "argv": argv, "env": ours,
+                       "backends": backend_specs, **extra, **provenance()})
+            for pair, (_, record) in gates.items():
+                if pair not in gated:
+                    out.write(record)
+    except OSError as exc:
+        raise ResumeError(f"--resume {run_dir}: cannot append to {results_path}: {exc.strerror or exc}") from None
     return ({pair: verdict for pair, (verdict, _) in gates.items()},
             {key: list(checks.values()) for key, checks in judged.items()})

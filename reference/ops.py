@@ -2,7 +2,9 @@
 
 Call them exactly where you call the kernel. Defaults follow cuDNN: packed THD tensors with
 ``cu_seqlens``, states ``[N, HO, V, K]``, output at ``HO = max(H, HV)`` heads. Our own keyword extras:
-``layout``, ``state_layout``, ``method`` ("oracle" or "chunked"), ``compute_dtype``, ``chunk_size``.
+``layout``, ``state_layout``, ``method`` ("oracle" or "chunked"), ``compute_dtype``, ``chunk_size``, and
+``allow_nonfinite``: a NaN or Inf among the inputs is a ``ReferenceInputError`` naming the argument unless
+it is True (as is a q/k/v dtype mix, always: ``checks.py``).
 
 Unlike the kernels, outputs come back in ``compute_dtype`` (fp64 by default): the reference's job is to
 be the gold standard, and rounding it to the io dtype would throw that away.
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from . import layouts
+from .checks import check_dtypes, check_finite
 from .flags import (
     DEFAULT_GATE_LOWER_BOUND,
     L2NORM_EPS,
@@ -67,6 +70,7 @@ def _run(
     scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
     allow_neg_eigval, gate_domain, safe_gate, gate_lower_bound, a_log, dt_bias,
     layout, state_layout, method, compute_dtype, chunk_size, beta_guard=False, guard_dtype=None,
+    allow_nonfinite=False,
 ):
     layouts.check_layout(layout)
     layouts.check_state_layout(state_layout)
@@ -95,6 +99,7 @@ def _run(
             raise ReferenceInputError(
                 f"{name}: expected {want} dims for {spec.name} in layout {layout!r}, got shape {tuple(x.shape)}"
             )
+    given = dict(tokenwise)  # as the caller laid them out: where a check points, it points into these
     if layout == "thd":
         n_dense = None
     else:
@@ -168,6 +173,9 @@ def _run(
                 f"initial_state: expected shape {list(want)} ([N, HO, {'V, K' if state_layout == 'vk' else 'K, V'}],"
                 f" state_layout={state_layout!r}), got {list(initial_state.shape)}"
             )
+    check_dtypes(q, k, v, beta, w)
+    if not allow_nonfinite:
+        check_finite({**given, "initial_state": initial_state, "a_log": a_log, "dt_bias": dt_bias})
     if scale is None:
         scale = 1.0 / math.sqrt(K)
 
@@ -259,6 +267,7 @@ def gdn(
     use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
     gate_domain="log", safe_gate=False, a_log=None, dt_bias=None,
     layout="thd", state_layout="vk", method="oracle", compute_dtype=torch.float64, chunk_size=64,
+    allow_nonfinite=False,
 ):
     """Gated DeltaNet: scalar decay ``g [T, HO]`` and scalar ``beta [T, HO]`` per token and head.
 
@@ -272,7 +281,7 @@ def gdn(
         use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
         gate_domain=gate_domain, safe_gate=safe_gate, gate_lower_bound=None, a_log=a_log, dt_bias=dt_bias,
         layout=layout, state_layout=state_layout, method=method, compute_dtype=compute_dtype,
-        chunk_size=chunk_size,
+        chunk_size=chunk_size, allow_nonfinite=allow_nonfinite,
     )
 
 
@@ -281,6 +290,7 @@ def kda(
     use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
     gate_domain="log", safe_gate=False, gate_lower_bound=DEFAULT_GATE_LOWER_BOUND, a_log=None, dt_bias=None,
     layout="thd", state_layout="vk", method="oracle", compute_dtype=torch.float64, chunk_size=64,
+    allow_nonfinite=False,
 ):
     """Kimi Delta Attention: per-channel decay ``g [T, HO, K]``, scalar ``beta [T, HO]``.
 
@@ -293,7 +303,7 @@ def kda(
         use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
         gate_domain=gate_domain, safe_gate=safe_gate, gate_lower_bound=gate_lower_bound, a_log=a_log,
         dt_bias=dt_bias, layout=layout, state_layout=state_layout, method=method, compute_dtype=compute_dtype,
-        chunk_size=chunk_size,
+        chunk_size=chunk_size, allow_nonfinite=allow_nonfinite,
     )
 
 
@@ -302,7 +312,7 @@ def gdn2(
     use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
     gate_domain="log", safe_gate=False, gate_lower_bound=DEFAULT_GATE_LOWER_BOUND, a_log=None, dt_bias=None,
     layout="thd", state_layout="vk", method="oracle", compute_dtype=torch.float64, chunk_size=64, beta_guard=False,
-    guard_dtype=None,
+    guard_dtype=None, allow_nonfinite=False,
 ):
     """Gated DeltaNet 2: channel-wise decay ``g [T, HO, K]``, erase gate ``beta [T, HO, K]`` and write
     gate ``w [T, HO, V]``.
@@ -317,7 +327,7 @@ def gdn2(
         use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
         gate_domain=gate_domain, safe_gate=safe_gate, gate_lower_bound=gate_lower_bound, a_log=a_log,
         dt_bias=dt_bias, layout=layout, state_layout=state_layout, method=method, compute_dtype=compute_dtype,
-        chunk_size=chunk_size, beta_guard=beta_guard, guard_dtype=guard_dtype,
+        chunk_size=chunk_size, beta_guard=beta_guard, guard_dtype=guard_dtype, allow_nonfinite=allow_nonfinite,
     )
 
 
@@ -326,6 +336,7 @@ def gdp(
     output_final_state=False, use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False,
     allow_neg_eigval=False, gate_domain="log", safe_gate=False, a_log=None, dt_bias=None,
     layout="thd", state_layout="vk", method="oracle", compute_dtype=torch.float64, chunk_size=64,
+    allow_nonfinite=False,
 ):
     """Gated DeltaProduct: GDN run on ``n = num_householder`` sub-tokens per token (cuDNN FE 1.29+).
 
@@ -362,6 +373,10 @@ def gdp(
                  a_log=a_log, dt_bias=dt_bias)
     if g.shape[0] != T:
         raise ReferenceInputError(f"g: expected one row per real token ([T={T}, HO]), got {list(g.shape)}")
+    check_dtypes(q, subtoken["k"], subtoken["v"], subtoken["beta"], None)
+    if not allow_nonfinite:
+        check_finite({"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": initial_state,
+                       "a_log": a_log, "dt_bias": dt_bias})
     # The gate transform belongs to the real token; the expanded timeline then carries a plain
     # log-decay on sub-token 0 and no decay (0) on the others.
     pre = compute_dtype if compute_dtype.itemsize >= 4 else torch.float32
@@ -376,11 +391,15 @@ def gdp(
     if cu_seqlens is not None:
         layouts.check_cu_seqlens(cu_seqlens, T)
     cu = None if cu_seqlens is None else cu_seqlens * n
+    # k, v and beta join q in the precision gdn computes its flags in anyway (so the cast changes no number);
+    # the inputs were checked above, and what is derived from them is gdn's to take as it is.
+    k_sub, v_sub, beta_sub = (subtoken[name].to(pre) for name in ("k", "v", "beta"))
     out, final = gdn(
-        q_sub, subtoken["k"], subtoken["v"], g_sub, subtoken["beta"], cu,
+        q_sub, k_sub, v_sub, g_sub, beta_sub, cu,
         scale=scale if scale is not None else 1.0 / math.sqrt(q.shape[2]), initial_state=initial_state,
         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
         use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
         state_layout=state_layout, method=method, compute_dtype=compute_dtype, chunk_size=chunk_size,
+        allow_nonfinite=True,
     )
     return out.reshape(T, n, *out.shape[1:])[:, n - 1], final

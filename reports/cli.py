@@ -1,7 +1,8 @@
 """``deltacheck report``, ``deltacheck compare`` and ``deltacheck merge``.
 
 Exit statuses: report and merge 0 when the files were written; compare 0 without a regression, 1 with
-one; all 2 when an input cannot be read (missing directory, other schema), 3 on an internal error.
+one; all 2 when an input cannot be read (missing directory, other schema) or an output cannot be written, and
+compare 2 when the two runs share no (case, backend, check); 3 on an internal error.
 """
 
 from __future__ import annotations
@@ -64,13 +65,19 @@ def _compare(args: argparse.Namespace) -> int:
     old = load_run(args.old)
     new = load_run(args.new)
     cmp = compare_runs(old, new, factor=args.factor, floor=args.floor)
+    if not cmp.shared:
+        raise RunInputError(cmp.nothing_shared())
     text = render_comparison(cmp)
+    if args.out:  # written first: a --out that cannot be written fails before the comparison scrolls by
+        out = Path(args.out)
+        try:
+            if out.parent != Path(""):
+                out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise RunInputError(f"--out {out}: cannot write it: {exc.strerror or exc}") from None
     print(text)
     if args.out:
-        out = Path(args.out)
-        if out.parent != Path(""):
-            out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n", encoding="utf-8")
         print(f"wrote {out}", file=sys.stderr)
     return cmp.exit_status
 
@@ -117,7 +124,8 @@ def add_cli(subparsers) -> None:
                     "with the environment and version differences first. Exit status 1 when something regressed "
                     "(a new failure, a worse error, a newly declined or errored result, a stability frontier that "
                     "moved the wrong way), 0 otherwise, "
-                    "2 when a run cannot be read.")
+                    "2 when a run cannot be read or the two runs share no (case, backend, check) — runs of "
+                    "different selections have nothing to compare, which is not 'no regression'.")
     c.add_argument("old", metavar="OLD", help="the baseline run directory")
     c.add_argument("new", metavar="NEW", help="the run directory to judge against it")
     c.add_argument("--factor", type=_factor, default=2.0,

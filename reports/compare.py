@@ -79,8 +79,25 @@ class Comparison:
         return any(c.kind in REGRESSIONS for c in self.changes) or self.frontier_regressions > 0
 
     @property
+    def shared(self) -> int:
+        """How many (case, backend, check) both runs hold: with none, there is nothing to compare."""
+        return sum(c.old_status is not None and c.new_status is not None for c in self.changes)
+
+    @property
     def exit_status(self) -> int:
+        if not self.shared:
+            return 2  # not "no regression": two runs of different selections (or an empty one) say nothing
         return 1 if self.regressed else 0
+
+    def nothing_shared(self) -> str:
+        """The one line that says why two runs that share nothing cannot be compared."""
+        def holds(run: Run) -> str:
+            cases = len({r["case"] for r in run.results})
+            backends = ", ".join(sorted({r["backend"] for r in run.results})) or "no backend"
+            return f"{len(run.results)} results ({cases} cases on {backends})"
+
+        return (f"the runs share no (case, backend, check): the old run {self.old.label} holds {holds(self.old)}, "
+                f"the new run {self.new.label} {holds(self.new)}; compare two runs of the same selection")
 
 
 def _ratio(old: float, new: float, floor: float) -> float:

@@ -197,8 +197,9 @@ def _read_into(run: Run, results_file: Path, problem) -> bool:
 def load_run(path: str | Path, *, warn: bool = True) -> Run:
     """Read a run directory (or a results.jsonl file directly).
 
-    Corrupt or unusable lines are skipped and kept in ``Run.problems``; with ``warn`` each is also
-    printed to stderr as it is found. Raises ``RunInputError`` when nothing can be rendered."""
+    Corrupt or unusable lines (invalid JSON, not UTF-8, not a record) are skipped and kept in ``Run.problems``,
+    each with its line number; with ``warn`` each is also printed to stderr once the run is read. Raises
+    ``RunInputError`` when nothing can be rendered."""
     path = Path(path)
     if path.is_file():
         directory, results_file = path.parent, path
@@ -215,20 +216,19 @@ def load_run(path: str | Path, *, warn: bool = True) -> Run:
     parts = sorted(directory.glob(PART_GLOB)) if path.is_dir() else []
     source = results_file
 
+    warnings: list[str] = []  # printed once the run proved readable: an unreadable one is one error line
+
     def problem(line: int | None, message: str) -> None:
         if source != results_file:
             message = f"{source.name}: {message}"
         run.problems.append(InputProblem(line, message))
-        if warn:
-            where = f"{source} line {line}" if line is not None else str(source)
-            print(f"warning: {where}: {message}" + ("; skipped" if line is not None else ""), file=sys.stderr)
+        where = f"{source} line {line}" if line is not None else str(source)
+        warnings.append(f"warning: {where}: {message}" + ("; skipped" if line is not None else ""))
 
     seen_any = False
     for source in [results_file, *parts]:
         try:
             seen_any |= _read_into(run, source, problem)
-        except UnicodeDecodeError as exc:
-            raise RunInputError(f"{source} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         except OSError as exc:
             raise RunInputError(f"cannot read {source}: {exc.strerror or exc}") from None
     source = results_file
@@ -240,7 +240,12 @@ def load_run(path: str | Path, *, warn: bool = True) -> Run:
                       f"killed before it ended); their records are included: {', '.join(p.name for p in parts)}")
 
     if not seen_any:
+        if run.problems and all(p.message.startswith("not UTF-8 text") for p in run.problems):
+            raise RunInputError(f"{results_file} is not UTF-8 text ({run.problems[0]})")
         raise RunInputError(f"{results_file} holds no readable deltacheck records")
     if not run.header:
         problem(None, "no run header: environment, versions and commit are unknown")
+    if warn:
+        for line in warnings:
+            print(line, file=sys.stderr)
     return run

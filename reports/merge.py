@@ -3,7 +3,8 @@
 For a tier split across CI runners (``-k`` shards, one op per job), or a run that was interrupted and
 finished by a second run of what it had not reached. The merged ``results.jsonl`` holds:
 
-- the first run's header, plus ``merged_from`` (each input's run id, start, argv, commit, fingerprint);
+- the first run's header, plus ``merged_from`` (each input's run id, start, argv, commit, fingerprint), with
+  ``backends`` and ``case_ids`` the union of the inputs' selections (what ``run --resume`` of the merge checks);
 - one availability record (kind "gate") per backend x op, the first input's (inputs of one environment agree);
 - one result per (case, backend, check): the **last** input that has it wins, so a rerun replaces the
   interrupted attempt it repeats; results keep the order in which they were first seen;
@@ -57,9 +58,15 @@ def merge_runs(inputs: list[str | Path], out: str | Path, *, allow_mixed_env: bo
                             "`deltacheck compare`, or pass --allow-mixed-env to merge anyway")
 
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise RunInputError(f"--out {out} is a file; merge writes a new run directory")
     if out.exists() and any(out.iterdir()):
         raise RunInputError(f"{out} exists and is not empty; merge writes a new run directory")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.jsonl").touch()
+    except OSError as exc:
+        raise RunInputError(f"--out {out}: cannot create the merged run there: {exc.strerror or exc}") from None
 
     merged = [{k: v for k, v in r.items() if k not in RESULT_FIELDS_DROPPED}
               for r in latest_per_check([r for run in runs for r in run.results])]
@@ -70,6 +77,14 @@ def merge_runs(inputs: list[str | Path], out: str | Path, *, allow_mixed_env: bo
             gates.setdefault((str(g.get("backend")), str(g.get("op"))), g)
 
     header = dict(runs[0].header)
+    # The merge holds every input's selection, so a `run --resume` of it compares against their union.
+    header["backends"] = list(dict.fromkeys(b for run in runs for b in run.header.get("backends") or []))
+    if all(isinstance(run.header.get("case_ids"), list) for run in runs):
+        header["case_ids"] = list(dict.fromkeys(c for run in runs for c in run.header["case_ids"]))
+        header["cases"] = len(header["case_ids"])
+    else:  # some input does not say which cases it selected: neither does the merge
+        header.pop("case_ids", None)
+        header.pop("cases", None)
     header.update({
         "run_id": out.name,
         "argv": ["merge", *[str(p) for p in inputs]],

@@ -289,3 +289,30 @@ class NoisyDgConsistentReduction(Working):
         kwargs.pop("gate_lower_bound", None)
         out, final_vk = reference.kda(f64["q"], f64["k"], f64["v"], g_eff, f64["beta"], f64["cu_seqlens"], **kwargs)
         return out, final_vk.transpose(-1, -2)
+
+
+class ConstructorRaises(Working):
+    """A backend that cannot be constructed here (its ``__init__`` raises), as one probing a driver would."""
+
+    name = "constructorraises"
+
+    def __init__(self):
+        raise RuntimeError("no CUDA driver (fake)")
+
+
+class LeaksAtExit(Working):
+    """Prints, at its process's exit, nanobind's leak report (as cuDNN's extension does) and two other lines."""
+
+    name = "leaksatexit"
+    _registered = False
+
+    def run(self, case, inputs):
+        if os.environ.get("DELTACHECK_FAKE_LEAKS") and not LeaksAtExit._registered:
+            import atexit
+
+            from test_mistakes import LEAK_REPORT, OTHER_LINES
+
+            text = "".join(line + "\n" for line in [*LEAK_REPORT[:4], OTHER_LINES[0], *LEAK_REPORT[4:], *OTHER_LINES[1:]])
+            atexit.register(os.write, 2, text.encode())
+            LeaksAtExit._registered = True
+        return super().run(case, inputs)

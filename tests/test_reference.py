@@ -335,11 +335,52 @@ def _bad(op="gdn2", **over):
         (_bad(layout="btd"), r"layout: expected one of"),
         (_bad(initial_state=torch.zeros(1, 2, 4, 3, dtype=F64)), r"initial_state: expected shape \[1, 2, 3, 4\]"),
         (_bad(method="magic"), r"method: expected one of"),
+        (_bad(k=make("gdn2", T=5, H=2, K=4, V=3, dtype=torch.float32)["k"]),
+         r"k: dtype torch.float32 differs from q's torch.float64; q, k and v must share one dtype"),
+        (_bad("kda", v=torch.randn(5, 2, 3, dtype=torch.bfloat16)), r"v: dtype torch.bfloat16 differs from q's"),
+        (_bad(w=torch.rand(5, 2, 3, dtype=torch.float16)), r"w: dtype torch.float16; expected q's torch.float64 or"),
+        (_bad("gdn", beta=torch.rand(5, 2, dtype=torch.bfloat16)), r"beta: dtype torch.bfloat16; expected q's"),
     ],
 )
 def test_malformed_input_raises_naming_the_argument(bad, match):
     with pytest.raises(ReferenceInputError, match=match):
         bad()
+
+
+@pytest.mark.parametrize("op", ["gdn", "kda", "gdn2", "gdp"])
+@pytest.mark.parametrize("name", ["q", "v", "g", "beta", "initial_state"])
+def test_nonfinite_inputs_are_refused_naming_the_argument_unless_allowed(op, name):
+    x = make("gdn" if op == "gdp" else op, T=5, H=2, K=4, V=3, seed=3)
+    extra = {"num_householder": 1} if op == "gdp" else {}
+    x["initial_state"] = torch.randn(1, 2, 3, 4, dtype=F64)
+    x[name] = x[name].clone()
+    x[name].view(-1)[2] = math.nan
+    x[name].view(-1)[3] = -math.inf
+    h0 = x.pop("initial_state")
+    with pytest.raises(ReferenceInputError, match=rf"^{name}: 1 NaN and 1 Inf values .*allow_nonfinite=True"):
+        call(op, x, initial_state=h0, **extra)
+    out, _ = call(op, x, initial_state=h0, allow_nonfinite=True, **extra)  # computed, NaN and all
+    assert not torch.isfinite(out).all()
+
+
+def test_the_finite_check_reads_a_views_own_elements_only():
+    # The harness hands backends views into buffers whose margins hold NaN (runner.guarded): those are fine.
+    x = make("kda", T=5, H=2, K=4, V=3, seed=4)
+    for name, t in list(x.items()):
+        buffer = torch.full((t.numel() + 16,), math.nan, dtype=t.dtype)
+        x[name] = buffer[8:8 + t.numel()].view(t.shape).copy_(t)
+    assert torch.isfinite(call("kda", x)[0]).all()
+
+
+def test_the_harness_baseline_and_fp64_reference_pass_the_dtype_checks():
+    from deltacheck.cases import Case, make_inputs
+    from deltacheck.harness.backends.base import get_backend
+
+    case = Case.from_id("gdn2-bf16-thd-N2-T[3_5]-H2/2/2-K64-V64-steep-state_bf16-l2norm-safegate-alog-dtbias-h0")
+    inputs = make_inputs(case)  # q/k/v/w bf16, g fp32, initial state bf16: the io dtype and its own dtypes
+    for name in ("oracle", "baseline"):
+        out, state = get_backend(name).run(case, inputs)
+        assert torch.isfinite(out).all() and torch.isfinite(state).all()
 
 
 def test_dense_layout_rejects_cu_seqlens_and_mismatched_batches():

@@ -54,8 +54,9 @@ KIND_CASES = {
     "fixed (was error)": ([result("error")], [result("pass", 1e-3)], 0),
     "better": ([result("pass", 4e-3)], [result("pass", 1e-3)], 0),
     "newly_running": ([result("skip")], [result("pass", 1e-3)], 0),
-    "not_comparable (only old)": ([result("pass", 1e-3)], [], 0),
-    "not_comparable (only new)": ([], [result("pass", 1e-3)], 0),
+    # one run empty: the two share nothing, which is not "no regression" (a one-line error, exit 2)
+    "not_comparable (only old)": ([result("pass", 1e-3)], [], 2),
+    "not_comparable (only new)": ([], [result("pass", 1e-3)], 2),
     "not_comparable (metric missing)": ([result("pass", 1e-3)], [result("pass")], 0),
     "unchanged (within factor)": ([result("pass", 1e-3)], [result("pass", 1.9e-3)], 0),
     "unchanged (status-only check)": ([result("pass", check="determinism")], [result("pass", check="determinism")], 0),
@@ -73,8 +74,11 @@ def test_each_kind_of_change_and_its_exit_status(tmp_path, capsys, label):
     assert [c.kind for c in cmp.changes] == [kind]
     assert cmp.exit_status == exit_status
     assert cli("compare", str(old_dir), str(new_dir)) == exit_status
-    out = capsys.readouterr().out
-    assert ("REGRESSION" in out.splitlines()[0]) == bool(exit_status)
+    out, err = capsys.readouterr()
+    if exit_status == 2:
+        assert not out and "share no (case, backend, check)" in err
+    else:
+        assert ("REGRESSION" in out.splitlines()[0]) == bool(exit_status)
 
 
 def test_markdown_leads_with_version_changes_and_lists_every_kind(tmp_path, capsys):

@@ -97,14 +97,24 @@ def get_backend(spec: str) -> Backend:
         except AttributeError as exc:
             raise BackendLoadError(spec, f"module {mod_name!r} has no attribute {attr!r}") from exc
         # A class (which itself looks like the protocol) or a factory gets called; an instance is used as is.
-        backend = obj() if isinstance(obj, type) or (callable(obj) and not isinstance(obj, Backend)) else obj
+        called = isinstance(obj, type) or (callable(obj) and not isinstance(obj, Backend))
+        backend = _construct(spec, attr, obj) if called else obj
     elif spec in _REGISTRY:
-        backend = _REGISTRY[spec]()
+        backend = _construct(spec, spec, _REGISTRY[spec])
     else:
         raise BackendLoadError(spec, f"unknown backend; registered: {', '.join(sorted(_REGISTRY))}, or pkg.mod:attr")
     if not isinstance(backend, Backend):
         raise BackendLoadError(spec, "object lacks the Backend protocol (name, ops, check, run)")
     return backend
+
+
+def _construct(spec: str, what: str, factory: Callable[[], Any]) -> Any:
+    """``factory()``; what it raises (a driver probe, a missing library) makes the backend one that cannot
+    be loaded here, reported as an import failure is: a verdict, never a traceback."""
+    try:
+        return factory()
+    except Exception as exc:  # noqa: BLE001 - a third party's constructor may raise anything
+        raise BackendLoadError(spec, f"constructing {what} raised {type(exc).__name__}: {exc}") from exc
 
 
 def _import_builtin() -> None:

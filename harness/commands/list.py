@@ -101,7 +101,9 @@ def add_cli(commands) -> None:
     parser.add_argument("--tier", default="L0", choices=TIERS, help="which tier (default L0)")
     parser.add_argument("--op", action="append", choices=OPS, help="only cases of this op (repeatable)")
     parser.add_argument("-k", dest="k", metavar="EXPR",
-                        help="pytest-like expression over ids: substrings with and/or/not/()")
+                        help="pytest-like expression over ids: substrings with and/or/not/(). A bare bf16 also "
+                             "matches state_bf16; the io dtype is the token between dashes, attached to the flag "
+                             "since it starts with '-': -k=-bf16-")
     parser.add_argument("--backend", metavar="B", help="only the cases inside B's declared envelope")
     parser.add_argument("--sm", type=_positive_sm, metavar="SM",
                         help="with --backend: the GPU architecture (90, 100, ...) whose engines count")

@@ -14,30 +14,71 @@ from typing import Any
 
 from deltacheck.cases import Case, CaseError
 from deltacheck.cases.support import OPS
-from deltacheck.harness import pool
+from deltacheck.harness import leaks, pool
 from deltacheck.harness.availability import case_verdict, load_backend
 from deltacheck.harness.backends.base import Verdict
 from deltacheck.harness.environment import probe_env
 from deltacheck.harness.execute import execute
 from deltacheck.harness.known import KnownIssuesError, known_issue_paths, load_known_issues
 from deltacheck.harness.required import RequireSpecError, required_pairs
-from deltacheck.harness.rundir import ResumeError
+from deltacheck.harness.rundir import ResumeError, RunDirError
 from deltacheck.harness.runner import RunOptions
 from deltacheck.harness.tiers import select
 
 FUSED_DEFAULT = ("cudnn", "fla")
 
 
+def _unique(values: list[str], flag: str) -> list[str]:
+    """``values`` once each, in order; a repeat would run every task twice, so it is dropped with a note."""
+    for value, n in Counter(values).items():
+        if n > 1:
+            print(f"deltacheck run: note: {flag} {value} was given {n} times; it runs once", file=sys.stderr)
+    return list(dict.fromkeys(values))
+
+
 def _select_cases(args) -> list[Case]:
+    """The selected cases; raises ``CaseError`` / ``ValueError`` (a usage error) when none is selected,
+    naming the filter that left none: an empty selection must not be a green run."""
     if args.case:
-        cases = [Case.from_id(c) for c in args.case]
+        cases = [Case.from_id(c) for c in _unique(args.case, "--case")]
     else:
+        ops = _unique(args.op, "--op") if args.op else [None]
         cases = []
-        for op in args.op or [None]:
+        for op in ops:
             cases += select(tier=args.tier, op=op, k=args.k)
-    if args.limit:
+        if not cases:
+            where = f"tier {args.tier}" + (f" with --op {' --op '.join(ops)}" if args.op else "")
+            before_k = sum(len(select(tier=args.tier, op=op)) for op in ops)
+            if args.k and before_k:
+                raise ValueError(f"no case selected: -k {args.k!r} matched none of the {before_k} cases of {where}")
+            raise ValueError(f"no case selected: {where} has no cases")
+    if args.limit is not None:
         cases = cases[: args.limit]
     return cases
+
+
+def _device_problem(device: str) -> str | None:
+    """Why ``--device`` cannot run here (a usage error naming what is available), or None."""
+    import torch
+
+    available = ["cpu"]
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        available += ["cuda"] + [f"cuda:{i}" for i in range(n)]
+    listed = f"available here: {', '.join(available)}"
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        return f"--device {device}: not a torch device; {listed}"
+    if parsed.type == "cpu":
+        return None
+    if parsed.type != "cuda":
+        return f"--device {device}: deltacheck runs on cpu or cuda; {listed}"
+    if not torch.cuda.is_available():
+        return f"--device {device}: this machine has no CUDA device torch can use; {listed}"
+    if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        return f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); {listed}"
+    return None
 
 
 def _argument(cast, expected: str, ok) -> Callable[[str], Any]:
@@ -60,13 +101,19 @@ _positive_seconds = _argument(float, "seconds > 0", lambda v: v > 0)
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tier", default="L0", choices=["L0", "L1", "L2"], help="case tier (default L0)")
     p.add_argument("--op", action="append", choices=OPS, help="only this op (repeatable)")
-    p.add_argument("-k", dest="k", default=None, help="pytest-style expression over case ids, e.g. 'thd and not bwd'")
+    p.add_argument("-k", dest="k", default=None,
+                   help="pytest-style expression over case ids (substrings with and/or/not), e.g. 'thd and not "
+                        "bwd'. A bare 'bf16' also matches state_bf16; the io dtype is the token between dashes, "
+                        "'-bf16-', and a value starting with '-' is attached to the flag: -k=-bf16- "
+                        "(or holds a space: -k '-bf16- and thd')")
     p.add_argument("--case", action="append", help="run exactly this case id (repeatable); overrides --tier/-k")
-    p.add_argument("--limit", type=int, default=0, help="at most this many cases (after selection)")
+    p.add_argument("--limit", type=_positive_int, default=None, metavar="N",
+                   help="at most N cases (N >= 1), the first N after selection (default: all)")
     p.add_argument("--out", default="runs", help="root folder for run directories (default ./runs)")
     p.add_argument("--reference", default="auto", choices=["auto", "oracle", "chunked"],
                    help="fp64 reference: token oracle, chunked, or auto (oracle up to 2048 tokens)")
-    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--device", default=None,
+                   help="torch device: cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--known-issues", action="append", default=[], metavar="FILE",
                    help="a known-issues TOML file (repeatable; docs/required-mode.md): failing checks it covers are "
                         "'known', not failures, and a covered case that passes fails the run. Also read: the table "
@@ -80,7 +127,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue an interrupted run in its directory (--out is then unused): tasks of this "
                         "selection whose every check it holds are not run again; a task left half-judged runs "
-                        "again and its new results replace the old. Refused if this is another environment")
+                        "again and its new results replace the old. Refused if this is another environment, "
+                        "or another selection (cases, backends, or --device/--reference/--no-baseline)")
     p.add_argument("--task-timeout", type=_positive_seconds, default=None, metavar="SECONDS",
                    help="kill a worker whose case x backend task gives no result within SECONDS (a hung kernel), "
                         "record the task as an error and go on in a fresh worker; a first Triton compile can "
@@ -106,7 +154,12 @@ def cmd_run(args) -> int:
     except (CaseError, ValueError) as exc:
         print(f"deltacheck run: {exc}", file=sys.stderr)
         return 2
-    specs = args.backend or list(FUSED_DEFAULT)
+    specs = _unique(args.backend or list(FUSED_DEFAULT), "--backend")
+    leaks.filter_at_exit()  # --in-process and --dry-run import the libraries here: cuDNN's leak report at exit
+    problem = _device_problem(args.device) if args.device else None
+    if problem:
+        print(f"deltacheck run: {problem}", file=sys.stderr)
+        return 2
     if args.dry_run:
         _print_plan(plan(cases, specs, probe_env()), len(cases))
         return 0
@@ -128,6 +181,9 @@ def cmd_run(args) -> int:
         status, run_dir = execute(cases, specs, args.out, _options(args), in_process=args.in_process,
                                   argv=sys.argv[1:], jobs=args.jobs, resume=args.resume,
                                   task_timeout=args.task_timeout)
+    except RunDirError as exc:
+        print(f"deltacheck run: --out: {exc}", file=sys.stderr)
+        return 2
     except ResumeError as exc:
         print(f"deltacheck run: {exc}", file=sys.stderr)
         return 2
