@@ -32,8 +32,12 @@ def gpu(session):
 
 @nox.session(venv_backend="none")
 def bench(session):
-    """Chunked reference vs token oracle (CPU) or vs FLA's fused kernels (GPU), printed side by side."""
-    session.run("python", "bench/chunked.py", *session.posargs)
+    """Benchmarks, ratios side by side in one run: `nox -s bench` (the chunked reference vs the token oracle on the
+    CPU, vs FLA's fused kernels on a GPU) or `nox -s bench -- lanes [--jobs 8 ...]` (the fused lane cold then warm)."""
+    if session.posargs and session.posargs[0] == "lanes":
+        session.run("python", "bench/lanes.py", *session.posargs[1:])
+    else:
+        session.run("python", "bench/chunked.py", *session.posargs)
 
 
 @nox.session

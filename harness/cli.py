@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "deltacheck.harness.commands.run",
     "deltacheck.harness.commands.frontier",
     "deltacheck.harness.commands.env",
+    "deltacheck.harness.commands.warmup",
     "deltacheck.reports.cli",
 ]
 

@@ -24,7 +24,7 @@ from .required import RequiredTally, format_required_report, required_pairs
 from .results import Result, ResultStream, end_record, latest_per_check, read_records
 from .rundir import new_run_dir, open_run, resume_run
 from .runner import CaseRunner, RunOptions
-from .task import checks_for, run_task, task_summary
+from .task import checks_for, run_task, task_record, task_summary
 
 
 class Progress:
@@ -122,7 +122,9 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
             runner = CaseRunner(opts)
             with ResultStream(results_path) as out:
                 for i, (case, spec) in tasks:
-                    on_done(i, task_summary(run_task(runner, case, spec, env, sink=out.write)))
+                    results = run_task(runner, case, spec, env, sink=out.write)
+                    out.write(task_record(case, spec, results))
+                    on_done(i, task_summary(results))
         elif jobs > 1:
             pool.run_parallel(tasks, run_dir, opts, on_done, jobs, task_timeout)
         else:

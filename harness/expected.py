@@ -42,6 +42,7 @@ class Expected:
     baseline_err: dict[str, float] = field(default_factory=dict)
     reference: str = ""
     seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)  # reference, baseline: seconds each took
 
 
 def grad_leaves(inputs: dict, names: list[str], dtype=None) -> dict:
@@ -98,6 +99,8 @@ def compute_expected(case: Case, opts, ref_name: str) -> Expected:
     }
     with torch.set_grad_enabled(bool(names)):
         out, state, grads = forward_backward(ref, case, ref_inputs, names, opts.device)
+    synchronize(opts.device)
+    t_ref = time.perf_counter()
     exp = Expected(
         out=layouts.to_thd(out, case.layout).detach().to(F64), state=state.detach().to(F64),
         grads={n: (g.detach() if g is not None else None) for n, g in grads.items()}, reference=ref_name,
@@ -112,5 +115,13 @@ def compute_expected(case: Case, opts, ref_name: str) -> Expected:
         for n, g in b_grads.items():
             if g is not None and exp.grads.get(n) is not None:
                 exp.baseline_err[GRAD_NAMES[n]] = compare.rel_rms(g, exp.grads[n])
+    synchronize(opts.device)
     exp.seconds = time.perf_counter() - t0
+    exp.phases = {"reference": t_ref - t0, "baseline": exp.seconds - (t_ref - t0)}
     return exp
+
+
+def synchronize(device) -> None:
+    """Wait for the device's queued work, so a phase's time is its own (CUDA launches are asynchronous)."""
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.synchronize()

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter, deque
 from dataclasses import asdict
 from pathlib import Path
@@ -27,7 +28,7 @@ from pathlib import Path
 from .environment import probe_env, visible_gpus
 from .leaks import LeakFilter
 from .results import Result, ResultStream, fold_parts, read_records
-from .task import run_task, task_summary, unjudged_results
+from .task import run_task, task_record, task_summary, unjudged_results
 
 PROTOCOL_FD_ENV = "DELTACHECK_WORKER_FD"  # the worker's end of the protocol pipe
 
@@ -46,10 +47,15 @@ def worker_main() -> int:
     config = json.loads(sys.stdin.readline())
     runner = CaseRunner(RunOptions(**config["opts"]))
     env = probe_env()
+    # interpreter start, imports and the environment probe: the first task's record carries it
+    start = {"worker_start": max(0.0, time.time() - config["spawned"])} if "spawned" in config else {}
     with ResultStream(config["results"]) as stream:
         for line in sys.stdin:
             task = json.loads(line)
-            results = run_task(runner, Case.from_id(task["case"]), task["backend"], env, sink=stream.write)
+            case = Case.from_id(task["case"])
+            results = run_task(runner, case, task["backend"], env, sink=stream.write)
+            stream.write(task_record(case, task["backend"], results, phases=start, worker=os.getpid()))
+            start = {}
             protocol.write(f"DONE {task['i']} {json.dumps(task_summary(results))}\n")
             protocol.flush()
     return 0
@@ -191,11 +197,12 @@ def run_in_workers(queue: TaskQueue, results_path, opts, on_done, max_restarts=5
     family = None
     task = queue.take()
     while task is not None:
+        spawned = time.time()
         proc, protocol = spawn_worker(env)
         _LIVE_WORKERS.add(proc)
         watchdog = _Watchdog(proc, task_timeout)
         in_flight = task
-        _send(proc, json.dumps({"results": str(results_path), "opts": asdict(opts)}), in_flight)
+        _send(proc, json.dumps({"results": str(results_path), "opts": asdict(opts), "spawned": spawned}), in_flight)
         watchdog.arm()
         for line in protocol:
             word, _, rest = line.strip().partition(" ")

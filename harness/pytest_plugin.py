@@ -129,7 +129,7 @@ def dc_env():
 def dc_run(request, dc_runner, dc_env):
     """Run one (case, backend) task; skip with the backend's reason or fail listing every failed check."""
     from .known import no_longer_reproduces
-    from .task import run_task, task_summary
+    from .task import run_task, task_record, task_summary
 
     state = request.config.stash[_STATE_KEY]
 
@@ -137,6 +137,8 @@ def dc_run(request, dc_runner, dc_env):
         case, spec = task
         stream = state.get("stream")
         results = run_task(dc_runner, case, spec, dc_env, sink=stream.write if stream is not None else None)
+        if stream is not None:
+            stream.write(task_record(case, spec, results))
         state["tally"].select(spec, case)
         state["tally"].add(spec, case.op, task_summary(results), case.id)
         forward = next(r for r in results if r.check == "forward")

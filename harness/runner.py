@@ -12,6 +12,7 @@ and FLA adapters do not allocate: the libraries do, with ``torch.empty``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import time
@@ -34,6 +35,7 @@ from .expected import (
     compute_expected,
     input_grads,
     reference_name,
+    synchronize,
     weighted_loss,
 )
 from .known import load_known_issues
@@ -154,6 +156,7 @@ class CaseRunner:
         self.keep = keep  # how many cases' expected values to hold (tasks arrive case-major: 1 suffices)
         self._expected: dict[str, Expected] = {}
         self._known = None
+        self.phases: dict[str, float] = {}
 
     def known_issues(self) -> list:
         """The known-issues entries of ``opts.known_issues`` (loaded once; a bad file raises KnownIssuesError)."""
@@ -180,10 +183,23 @@ class CaseRunner:
 
     def run(self, case: Case, backend: Backend, backend_spec: str, verdict: Verdict, env=None,
             sink=None, forward_metrics: dict | None = None) -> list[Result]:
-        """Every check of (case, backend); each result also goes to ``sink`` as soon as it is judged."""
+        """Every check of (case, backend); each result also goes to ``sink`` as soon as it is judged. Where the
+        time went is left in ``self.phases`` (seconds per phase, this task only)."""
+        self.phases = {}
         results = _Emitting(sink, forward_metrics)
         self._run(case, backend, backend_spec, verdict, base_results=results)
         return list(results)
+
+    @contextlib.contextmanager
+    def _phase(self, name: str):
+        """Time a phase of the task (device work included: CUDA is synchronized at both ends)."""
+        synchronize(self.opts.device)
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            synchronize(self.opts.device)
+            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t0
 
     def _run(self, case: Case, backend: Backend, backend_spec: str, verdict: Verdict, base_results) -> None:
         # Every result of this task is made by task.task_result: base(check=..., status=..., ...).
@@ -193,7 +209,11 @@ class CaseRunner:
             results += [base(check=c, status="skip", reason=verdict.reason) for c in checks_for(case)]
             return
         try:
+            fresh = f"{case.id}|{reference_name(case, self.opts.reference, backend_spec)}" not in self._expected
             exp = self.expected(case, backend_spec)
+            if fresh:  # computed for this task (a case's later backends reuse it)
+                for name, seconds in exp.phases.items():
+                    self.phases[name] = self.phases.get(name, 0.0) + seconds
         except ReferenceFailure as exc:  # not the backend's fault: no check can be judged
             results += [base(check=c, status="error", reason=str(exc)) for c in checks_for(case)]
             return
@@ -229,6 +249,11 @@ class CaseRunner:
                reduction: dict | None = None):
         # The final state and a continuation (whose state is carried between calls) pass through the state dtype.
         carried = case.state_dtype if (quantity == "state" or check.startswith("continuation")) else None
+        with self._phase("judging"):
+            return self._judged(case, quantity, check, actual, expected, baseline, base, seconds, offsets, reduction,
+                                carried)
+
+    def _judged(self, case, quantity, check, actual, expected, baseline, base, seconds, offsets, reduction, carried):
         m = compare.metrics(actual, expected)
         if "shape_mismatch" in m:
             return base(check=check, status="fail", reason=f"shape mismatch: {m['shape_mismatch']}",
@@ -285,7 +310,7 @@ class CaseRunner:
             inputs[n].requires_grad_()
 
         t0 = time.perf_counter()
-        with torch.set_grad_enabled(bool(names)):
+        with torch.set_grad_enabled(bool(names)), self._phase("first_call"):
             out, state = backend.run(case, inputs)
         seconds = time.perf_counter() - t0
         packed = to_packed(out, case)
@@ -294,7 +319,9 @@ class CaseRunner:
                                    base, seconds, offsets))
         results.append(self._judge(case, "state", "state", state, exp.state, exp.baseline_err.get("state"),
                                    base, seconds))
-        grads = input_grads(weighted_loss(case, out, state, opts.device), {n: inputs[n] for n in names}) if names else {}
+        with self._phase("backward"):
+            grads = (input_grads(weighted_loss(case, out, state, opts.device), {n: inputs[n] for n in names})
+                     if names else {})
         if case.backward:
             for n in grad_inputs(case):
                 check = f"grad_{n}"
@@ -322,7 +349,8 @@ class CaseRunner:
             results += [base(check=c, status="fail", reason=reason)
                         for c in ("continuation_ref", "continuation_self")]
             return
-        chained_out, chained_state = self._continuation(case, backend, inputs)
+        with self._phase("continuation"):
+            chained_out, chained_state = self._continuation(case, backend, inputs)
         results.append(self._judge(case, "out", "continuation_ref", chained_out, exp.out,
                                    exp.baseline_err.get("out"), base, 0.0, offsets))
         r = self._judge(case, "out", "continuation_self", chained_out, packed, None, base, 0.0)
@@ -337,7 +365,7 @@ class CaseRunner:
         # The second call runs in the same grad mode as the first (some engines plan training and inference
         # differently), on the very same input tensors.
         grad_mode = any(isinstance(x, torch.Tensor) and x.requires_grad for x in inputs.values())
-        with torch.set_grad_enabled(grad_mode):
+        with torch.set_grad_enabled(grad_mode), self._phase("steady_call"):  # a warm call: the kernel's own time
             out2, state2 = backend.run(case, inputs)
         if bitwise_equal(out2, out) and bitwise_equal(state2, state):
             results.append(base(check="determinism", status="pass"))

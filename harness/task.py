@@ -8,6 +8,7 @@ case x backend is judged the same way whichever front runs it.
 from __future__ import annotations
 
 import shlex
+import time
 import traceback
 from collections import Counter
 from typing import Any
@@ -62,9 +63,12 @@ def unjudged_results(case, backend_spec: str, judged: set[str], reason: str) -> 
 
 
 class TaskResults(list):
-    """A task's results, plus ``known``: per known-issues entry that applies to the case, its outcome."""
+    """A task's results, plus ``known`` (per known-issues entry that applies to the case, its outcome) and
+    ``phases`` (seconds per phase: check, reference, baseline, first_call, backward, continuation, steady_call,
+    judging)."""
 
     known: dict[str, str] = {}
+    phases: dict[str, float] = {}
 
 
 def run_task(runner, case, spec: str, env, sink=None) -> TaskResults:
@@ -89,10 +93,12 @@ def run_task(runner, case, spec: str, env, sink=None) -> TaskResults:
     except BackendLoadError as exc:
         return error(str(exc))
     entries[:] = applicable(runner.known_issues(), case, spec, getattr(backend, "name", spec), env)
+    started = time.perf_counter()
     try:
         verdict = case_verdict(backend, spec, case, env)
     except Exception as exc:  # noqa: BLE001 - a crashing check is that case's error, not the run's end
         return error(f"check() raised {type(exc).__name__}: {exc}")
+    emitted.phases = {"check": time.perf_counter() - started}  # the library's import and planner, the first time
     try:
         note = envelope_verdict(backend, spec, case, env, verdict)
     except Exception as exc:  # noqa: BLE001 - an envelope that cannot judge is noted, never the task's end
@@ -103,7 +109,16 @@ def run_task(runner, case, spec: str, env, sink=None) -> TaskResults:
         return error(f"harness error: {type(exc).__name__}: {exc}",
                      metrics={"traceback": traceback.format_exc(limit=-4)})
     emitted.known = outcomes(emitted, entries)
+    emitted.phases = {**emitted.phases, **getattr(runner, "phases", {})}
     return emitted
+
+
+def task_record(case, spec: str, results, **extra) -> dict:
+    """The ``task`` record a run directory keeps per case x backend: where its time went (docs/run-directory.md)."""
+    phases = {name: round(seconds, 6) for name, seconds in getattr(results, "phases", {}).items()}
+    phases.update(extra.pop("phases", {}))
+    return {"kind": "task", "case": case.id, "backend": spec, "op": case.op, "phases": phases,
+            "seconds": round(sum(phases.values()), 6), **extra}
 
 
 def task_summary(results: list[Result]) -> dict:

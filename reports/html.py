@@ -11,7 +11,7 @@ from typing import Any
 from .frontier import fmt_bound
 from .load import Run
 from .plots import PlotsUnavailable, frontier_plots, make_plots
-from .summary import counts_line, fmt_err, fmt_headroom, short_env
+from .summary import counts_line, fmt_err, fmt_headroom, largest_phase, short_env, time_rows
 
 MAX_FAILURES_SHOWN = 200
 
@@ -152,6 +152,13 @@ def render_html(run: Run, summary: dict[str, Any]) -> str:
                               [[d["backend"], _code(d["case"]), d["note"], _code(d["repro"])]
                                for d in summary["envelope_disagreements"][:50]]))
 
+    if (summary.get("time") or {}).get("pairs"):
+        out.append("<h2>Where the time went (worker seconds)</h2>")
+        rows = time_rows(summary["time"])
+        out.append(_table(rows[0], rows[1], numeric=set(range(2, len(rows[0])))))
+        out.append(_table(["slowest task", "backend", "seconds", "largest phase"],
+                          [[_code(t["case"]), t["backend"], f"{t['seconds']:.1f}", largest_phase(t)]
+                           for t in summary["time"]["slowest"]], numeric={2}))
     out.append("<h2>Results by op × backend × dtype × check</h2>")
     if summary["groups"]:
         out.append(_table(

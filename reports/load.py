@@ -50,6 +50,7 @@ class Run:
     frontiers: list[dict[str, Any]] = field(default_factory=list)  # `deltacheck frontier`'s, one per backend x op x dtype x axis
     end: dict[str, Any] | None = None
     resumes: list[dict[str, Any]] = field(default_factory=list)  # one per `deltacheck run --resume`
+    tasks: list[dict[str, Any]] = field(default_factory=list)  # where each case x backend's time went (kind "task")
     problems: list[InputProblem] = field(default_factory=list)
 
     @property
@@ -187,6 +188,11 @@ def _read_into(run: Run, results_file: Path, problem) -> bool:
             run.frontiers.append({k: v for k, v in rec.items() if k != "kind"})
         elif kind == "end":
             run.end = rec  # a resumed run appends its own; the last one describes the whole run
+        elif kind == "task":
+            if not rec.get("case") or not rec.get("backend") or not isinstance(rec.get("phases"), dict):
+                problem(lineno, "task record without case, backend or phases")
+                continue
+            run.tasks.append({k: v for k, v in rec.items() if k != "kind"})
         elif kind == "resume":
             run.resumes.append(rec)
         else:

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .frontier import markdown_section
-from .summary import counts_line, fmt_err, fmt_headroom, short_env
+from .summary import counts_line, fmt_err, fmt_headroom, short_env, time_section
 
 MAX_FAILURES_LISTED = 40
 
@@ -109,6 +109,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
                       for d in summary["envelope_disagreements"][:50]])
         out.append("")
 
+    out += time_section(summary.get("time") or {}, table, code)
     out += markdown_section(summary.get("frontiers") or [], table, code)
 
     out += ["## Results by op × backend × dtype × check", ""]

@@ -101,6 +101,9 @@ def merge_runs(inputs: list[str | Path], out: str | Path, *, allow_mixed_env: bo
             stream.write(g)
         for r in merged:
             stream.write({**r, "kind": "result"})
+        tasks = {(t["case"], t["backend"]): t for run in runs for t in run.tasks}  # a rerun's timing wins
+        for t in tasks.values():
+            stream.write({**t, "kind": "task"})
         frontiers = {tuple(f[k] for k in FRONTIER_KEY): f for run in runs for f in run.frontiers}  # later wins
         for f in frontiers.values():
             stream.write({**f, "kind": "frontier"})

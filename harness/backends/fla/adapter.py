@@ -36,7 +36,7 @@ from deltacheck.harness.availability import floors_then_library
 
 from ..base import Verdict
 from ..loading import Library, load_entry_point
-from . import facts
+from . import facts, winners
 from .facts import CHUNK, INSTALL_HINT, RECURRENT
 
 DISPATCH_ENV = "FLA_DISABLE_BACKEND_DISPATCH"
@@ -98,11 +98,13 @@ class FlaBackend:
 
     # ------------------------------------------------------------------ the library
     def _import_fla(self):
-        """Import FLA with backend dispatch off; note it when that cannot be guaranteed."""
+        """Import FLA with backend dispatch off (note it when that cannot be guaranteed), Triton's cache in
+        deltacheck's cache directory unless the user chose one, and recorded autotune winners applied."""
         already = "fla" in sys.modules
         os.environ.setdefault(DISPATCH_ENV, "1")
+        os.environ.setdefault("TRITON_CACHE_DIR", str(winners.cache_root() / "triton"))
         fla = self._importer("fla")
-        notes = []
+        notes = list(_apply_winners()) if self._module is None else []
         if os.environ.get(DISPATCH_ENV) != "1":
             notes.append(f"{DISPATCH_ENV}={os.environ.get(DISPATCH_ENV)!r} in the environment (not '1'): "
                          "FLA may reroute ops to other packages' kernels")
@@ -275,4 +277,35 @@ class FlaBackend:
             o, final_state = fn(q, k, v, g=g, beta=beta, **kwargs)
         else:
             o, final_state = fn(q, k, v, g, beta, **kwargs)
+        if os.environ.get(winners.RECORD_ENV):
+            winners.record_to_dir()
         return _from_btd(o, layout), _state_from_fla(final_state)
+
+
+_WINNERS_APPLIED: list[str] = []
+
+
+def _apply_winners() -> list[str]:
+    """Once per process, after FLA's kernels are imported: put recorded autotune winners into their autotuners
+    (harness/backends/fla/winners.py), and record this process's winners at exit when asked to. Returns the note
+    saying what was applied (the same note every time)."""
+    if _WINNERS_APPLIED:
+        return _WINNERS_APPLIED[1:]
+    _WINNERS_APPLIED.append("done")
+    try:
+        import torch as _torch
+
+        importlib.import_module("fla.ops")
+        importlib.import_module("fla.ops.gdn2")
+        gpu = _torch.cuda.get_device_name(0) if _torch.cuda.is_available() else "cpu"
+        triton = getattr(sys.modules.get("triton"), "__version__", "unknown")
+        fla = getattr(sys.modules.get("fla"), "__version__", "unknown")
+        files = [p for p in winners.default_files(gpu, triton, fla) if p.is_file()]
+        applied = winners.apply(winners.merge_files(files)) if files else 0
+    except Exception as exc:  # noqa: BLE001 - winners only save compile time; never the reason a case fails
+        _WINNERS_APPLIED.append(f"recorded autotune winners not applied: {type(exc).__name__}: {exc}")
+        return _WINNERS_APPLIED[1:]
+    if applied:
+        _WINNERS_APPLIED.append(f"{applied} recorded autotune winners applied from {', '.join(map(str, files))}: "
+                                "Triton compiles one config per kernel and key instead of autotuning")
+    return _WINNERS_APPLIED[1:]

@@ -1,0 +1,104 @@
+"""The fused lane benchmark: the same tier against the fused backends twice — cold caches, then warm — printing
+each pass's wall time, worker-seconds and where they went (the phase totals every task records), side by side.
+
+    python bench/lanes.py                          # L0, fla + cudnn, -j 8: a cold pass then a warm pass
+    python bench/lanes.py --passes warm --jobs 8   # only a pass on the caches as they are
+    nox -s bench -- lanes
+
+Cold means an empty Triton cache and no recorded autotune winners (a fresh DELTACHECK_CACHE_DIR and
+TRITON_CACHE_DIR, both in a scratch directory unless --cache-dir names one); warm reuses the caches the cold
+pass left. ``--winners FILE`` gives the cold pass recorded FLA autotune winners (deltacheck warmup), so it
+measures a cold runner that compiles one config per kernel. Every pass is an ordinary run directory under --out.
+Targets (issue 17, one H200, -j 8): cold <= 8 min, warm <= 2 min.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _pass(name: str, args, cache: Path, out: Path) -> dict:
+    env = dict(os.environ)
+    env.update(DELTACHECK_CACHE_DIR=str(cache), TRITON_CACHE_DIR=str(cache / "triton"), PYTHONUNBUFFERED="1")
+    if name == "cold" and args.winners:
+        env["DELTACHECK_FLA_WINNERS"] = str(Path(args.winners).resolve())
+    if args.record_winners:
+        env["DELTACHECK_RECORD_WINNERS"] = str(out / f"winners-{name}")
+    root = out / name
+    argv = [sys.executable, "-m", "deltacheck", "run", "--tier", args.tier, "-j", str(args.jobs), "--out", str(root)]
+    for backend in args.backend or ["fla", "cudnn"]:
+        argv += ["--backend", backend]
+    for op in args.op or []:
+        argv += ["--op", op]
+    if args.task_timeout:
+        argv += ["--task-timeout", str(args.task_timeout)]
+    t0 = time.monotonic()
+    try:
+        code = subprocess.run(argv, env=env, timeout=args.timeout).returncode
+    except subprocess.TimeoutExpired:
+        code = "timeout"
+    wall = time.monotonic() - t0
+    run_dir = max(root.glob("*/"), default=None, key=lambda p: p.name)
+    tasks = []
+    if run_dir is not None:
+        for line in (run_dir / "results.jsonl").read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("kind") == "task":
+                tasks.append(rec)
+    phases: dict[str, float] = {}
+    for t in tasks:
+        for k, v in (t.get("phases") or {}).items():
+            phases[k] = phases.get(k, 0.0) + float(v)
+    return {"pass": name, "exit": code, "wall_s": wall, "tasks": len(tasks),
+            "worker_s": sum(phases.values()), "phases": phases, "run_dir": str(run_dir) if run_dir else None}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tier", default="L0")
+    p.add_argument("--backend", action="append")
+    p.add_argument("--op", action="append")
+    p.add_argument("--jobs", "-j", type=int, default=8)
+    p.add_argument("--passes", default="cold,warm", help="comma list of cold, warm (default cold,warm)")
+    p.add_argument("--cache-dir", help="the caches to use (default: a fresh scratch directory)")
+    p.add_argument("--winners", help="recorded FLA autotune winners for the cold pass")
+    p.add_argument("--record-winners", action="store_true", help="each pass records the winners its workers held")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per pass (the run is cut; judged checks stay)")
+    p.add_argument("--task-timeout", type=float, default=None)
+    p.add_argument("--out", default="runs/lanes", help="where the passes' run directories go")
+    p.add_argument("--json", help="also write the numbers here")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = None if args.cache_dir else tempfile.TemporaryDirectory(prefix="deltacheck-lanes-")
+    cache = Path(args.cache_dir) if args.cache_dir else Path(scratch.name)
+    rows = [_pass(name.strip(), args, cache, out) for name in args.passes.split(",") if name.strip()]
+    names = sorted({k for r in rows for k in r["phases"]}, key=lambda k: -sum(r["phases"].get(k, 0.0) for r in rows))
+    print(f"\nlanes: tier {args.tier}, backends {', '.join(args.backend or ['fla', 'cudnn'])}, -j {args.jobs}")
+    print(f"{'':18}" + "".join(f"{r['pass']:>12}" for r in rows))
+    for label, key in (("wall s", "wall_s"), ("worker s", "worker_s"), ("tasks", "tasks"), ("exit", "exit")):
+        print(f"{label:18}" + "".join(f"{r[key]:>12.1f}" if isinstance(r[key], float) else f"{r[key]!s:>12}"
+                                      for r in rows))
+    for name in names:
+        print(f"  {name:16}" + "".join(f"{r['phases'].get(name, 0.0):>12.1f}" for r in rows))
+    if len(rows) == 2 and rows[1]["wall_s"]:
+        print(f"cold / warm wall: {rows[0]['wall_s'] / rows[1]['wall_s']:.2f}x")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    if scratch is not None:
+        scratch.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
