@@ -8,6 +8,7 @@ the same records.
 
 from __future__ import annotations
 
+import json
 import secrets
 import shlex
 import subprocess
@@ -122,10 +123,12 @@ def selection_difference(header: dict, backend_specs: list[str], extra: dict, ca
         differences.append(f"cases: {extra.get('cases')} selected, the run holds {header['cases']}")
     if isinstance(header.get("backends"), list) and set(header["backends"]) != set(backend_specs):
         differences.append(f"backends: {', '.join(backend_specs)} (the run's: {', '.join(header['backends'])})")
-    theirs_opts, ours_opts = header.get("options"), extra.get("options") or {}
+    theirs_opts = header.get("options")
+    ours_opts = json.loads(json.dumps(extra.get("options") or {}))  # as the header holds it (tuples are lists)
     if isinstance(theirs_opts, dict):
+        # which known-issues files classify failures is not a selection: a resume may bring a newer table
         changed = [f"{k} {ours_opts[k]!r} (the run's: {theirs_opts[k]!r})" for k in sorted(ours_opts)
-                   if k in theirs_opts and theirs_opts[k] != ours_opts[k]]
+                   if k in theirs_opts and theirs_opts[k] != ours_opts[k] and k != "known_issues"]
         if changed:
             differences.append("options: " + ", ".join(changed))
     return "; ".join(differences)

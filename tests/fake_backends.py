@@ -316,3 +316,44 @@ class LeaksAtExit(Working):
             atexit.register(os.write, 2, text.encode())
             LeaksAtExit._registered = True
         return super().run(case, inputs)
+
+
+class _Enveloped(Working):
+    """Serves kda with K = V = 64 by its declared envelope (a third party's, written against the plug-in API)."""
+
+    envelope = Envelope("fake kda K64", "kda", allowed={"dims": ("64x64",)})
+
+    def envelopes(self, op, env=None, sm=None):
+        return [self.envelope] if op == "kda" else []
+
+
+class DeclinesOutsideItsEnvelope(_Enveloped):
+    """Declines what its envelope says it does not serve, and runs (and passes) the rest."""
+
+    name = "declines-outside"
+
+    def check(self, case, env):
+        return Verdict.ok() if case.K == 64 and case.V == 64 else Verdict.no("fake engine: K = V = 64 only")
+
+
+class DeclinesInsideItsEnvelope(_Enveloped):
+    """Declines cases its envelope says it serves (every case with GQA-free heads of 2): it refuses what it is
+    documented to serve."""
+
+    name = "declines-inside"
+
+    def check(self, case, env):
+        if case.K != 64 or case.V != 64:
+            return Verdict.no("fake engine: K = V = 64 only")
+        return Verdict.no("fake engine: refused (a regression)") if case.H == 2 else Verdict.ok()
+
+
+class NaNOnOneCase(Working):
+    """Right everywhere except one case (the one whose id sorts first among those it sees), where it is all NaN."""
+
+    name = "nan-on-one"
+    BAD = "kda-bf16-thd-N3-T[0_1_127]"
+
+    def run(self, case, inputs):
+        out, state = super().run(case, inputs)
+        return (out * float("nan"), state) if case.id.startswith(self.BAD) else (out, state)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from deltacheck.cases import select
 from deltacheck.harness.cli import main as cli_main
+from deltacheck.harness.tiers import select
 
 TESTS = Path(__file__).resolve().parent
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]), "CI": "1"}

@@ -100,7 +100,7 @@ def test_the_backend_by_op_table_counts_cases_by_how_they_ended(tmp_path):
     cudnn = pairs[("cudnn", "kda")]
     assert (cudnn["cases"], cudnn["ran"], cudnn["passed"], cudnn["failed"], cudnn["errored"], cudnn["declined"]) == \
         (4, 3, 1, 1, 1, 1)
-    assert cudnn["checks"] == {"pass": 4, "fail": 1, "skip": 2, "error": 1} and cudnn["seconds"] == 6.5
+    assert cudnn["checks"] == {"pass": 4, "fail": 1, "known": 0, "skip": 2, "error": 1} and cudnn["seconds"] == 6.5
     assert cudnn["worst_headroom_case"] == B and cudnn["worst_headroom_check"] == "grad_q"
     assert pairs[("fla", "kda")]["passed"] == 1
     md = (tmp_path / "run" / "summary.md").read_text()

@@ -98,19 +98,31 @@ def test_every_failure_carries_a_repro_command_that_reruns_just_that_case(tmp_pa
 # --- required mode: the CLI and the pytest plugin agree -----------------------------------------
 
 SITUATIONS = {
-    # name: (backend spec, -k expression, DELTACHECK_REQUIRE pair)
-    "engine declines every case": ("fake_backends:Declining", None, "fake_backends:Declining:kda"),
-    "backend raises on import": ("broken_backend_module:Obj", None, "broken_backend_module:Obj:kda"),
-    "-k selects zero cases of the pair": ("fake_backends:Working", "gdn2 and K64-V64", "fake_backends:Working:kda"),
-    "pair runs": ("fake_backends:Working", "kda and K64-V64", "fake_backends:Working:kda"),
+    # name: (backend spec, -k expression, DELTACHECK_REQUIRE pair, --limit, run fails when required / when not)
+    "engine declines every case": ("fake_backends:Declining", None, "fake_backends:Declining:kda", 2, True, False),
+    # a backend that cannot load is an error result in every task, required or not (it is not a decline)
+    "backend raises on import": ("broken_backend_module:Obj", None, "broken_backend_module:Obj:kda", 2, True, True),
+    "-k selects zero cases of the pair": ("fake_backends:Working", "gdn2 and K64-V64", "fake_backends:Working:kda", 2,
+                                          True, False),
+    "pair runs": ("fake_backends:Working", "kda and K64-V64", "fake_backends:Working:kda", 2, False, False),
     "backward declined on every case": ("fake_backends:NoBackward", "kda and bwd and K64-V64",
-                                        "fake_backends:NoBackward:kda"),
+                                        "fake_backends:NoBackward:kda", 2, True, False),
+    "a forward-only selection of a backend without backward": (
+        "fake_backends:NoBackward", "kda and K64-V64 and not bwd", "fake_backends:NoBackward:kda", 2, False, False),
+    "some cases declined outside the envelope, the rest pass": (
+        "fake_backends:DeclinesOutsideItsEnvelope", "kda and (K64-V64 or K128-V128) and not bwd",
+        "fake_backends:DeclinesOutsideItsEnvelope:kda", 6, False, False),
+    "cases declined inside the declared envelope": (
+        "fake_backends:DeclinesInsideItsEnvelope", "kda and K64-V64 and not bwd",
+        "fake_backends:DeclinesInsideItsEnvelope:kda", 6, True, False),
+    "one case NaN": ("fake_backends:NaNOnOneCase", "kda-bf16-thd-N3-T[0_1_127] or (kda and K64-V64 and not bwd)",
+                     "fake_backends:NaNOnOneCase:kda", 3, True, True),
 }
 
 
-def cli_outcome(spec, k, require, tmp_path):
+def cli_outcome(spec, k, require, tmp_path, limit=2):
     env = dict(ENV, DELTACHECK_REQUIRE=require) if require else dict(ENV)
-    argv = [sys.executable, "-m", "deltacheck", "run", "--backend", spec, "--tier", "L0", "--limit", "2",
+    argv = [sys.executable, "-m", "deltacheck", "run", "--backend", spec, "--tier", "L0", "--limit", str(limit),
             "--out", str(tmp_path / "cli"), "--in-process", "--no-baseline", "--reference", "oracle"]
     if k:
         argv += ["-k", k]
@@ -118,10 +130,10 @@ def cli_outcome(spec, k, require, tmp_path):
     return proc.returncode, proc.stdout + proc.stderr
 
 
-def pytest_outcome(spec, k, require):
+def pytest_outcome(spec, k, require, limit=2):
     env = dict(ENV, DELTACHECK_REQUIRE=require) if require else dict(ENV)
     argv = [sys.executable, "-m", "pytest", str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider",
-            "--dc-backend", spec, "--dc-limit", "2", "--dc-reference", "oracle", "--dc-no-baseline"]
+            "--dc-backend", spec, "--dc-limit", str(limit), "--dc-reference", "oracle", "--dc-no-baseline"]
     if k:
         argv += ["--dc-k", k]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=TESTS.parent)
@@ -131,21 +143,22 @@ def pytest_outcome(spec, k, require):
 @pytest.mark.parametrize("required", [True, False], ids=["required", "not-required"])
 @pytest.mark.parametrize("situation", list(SITUATIONS))
 def test_cli_and_pytest_agree(situation, required, tmp_path):
-    spec, k, pair = SITUATIONS[situation]
+    """One required-mode verdict: `deltacheck run` and the pytest plugin reach the same exit status in every
+    situation, and say why in the same words (harness/required.py owns the tally and the report)."""
+    spec, k, pair, limit, fails_required, fails_otherwise = SITUATIONS[situation]
     require = pair if required else None
-    cli_rc, cli_text = cli_outcome(spec, k, require, tmp_path)
-    py_rc, py_text = pytest_outcome(spec, k, require)
+    cli_rc, cli_text = cli_outcome(spec, k, require, tmp_path, limit)
+    py_rc, py_text = pytest_outcome(spec, k, require, limit)
     fails = (cli_rc != 0, py_rc != 0)
     assert fails[0] == fails[1], f"CLI exit {cli_rc}, pytest exit {py_rc}\nCLI:\n{cli_text}\npytest:\n{py_text}"
-    if situation == "pair runs" or (situation == "backward declined on every case" and not required):
-        assert fails == (False, False)
-    elif required:
-        assert fails == (True, True)  # never a silent pass
-        assert "REQUIRED" in cli_text and "REQUIRED" in py_text
-    elif situation == "backend raises on import":
+    expected = fails_required if required else fails_otherwise
+    assert fails == (expected, expected), f"CLI:\n{cli_text}\npytest:\n{py_text}"
+    if required and fails_required and situation != "one case NaN":
+        cli_lines = {line.strip() for line in cli_text.splitlines() if line.strip().startswith("* REQUIRED")}
+        py_lines = {line.strip() for line in py_text.splitlines() if line.strip().startswith("* REQUIRED")}
+        assert cli_lines and cli_lines == py_lines, (cli_lines, py_lines)  # the same report, word for word
+    if situation == "backend raises on import":
         assert "cannot import module 'broken_backend_module'" in cli_text + py_text
-    else:
-        assert fails == (False, False)  # not required: a skip with its reason
 
 
 def test_thousands_of_tasks_through_the_worker_do_not_deadlock(tmp_path, monkeypatch):
