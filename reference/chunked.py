@@ -2,7 +2,8 @@
 
 Same contract as :func:`deltacheck.reference.oracle.token_oracle` (one GDN2-shaped core for every op),
 but with all intra-chunk work done as batched matmuls over every chunk of every (sequence, head) at
-once; only the state hand-off between chunks is a sequential loop (one batched ``baddbmm`` per chunk).
+once (`reference/chunked_intra.py`); only the state hand-off between chunks is a sequential loop (one
+batched ``baddbmm`` per chunk).
 
 The math, per chunk of C tokens with state ``S0`` at its start, ``kb = b*k`` and the exact interval
 sums of log-decay ``[i..j] := sum_{j<t<=i} g_t`` (always <= 0, so every ``exp`` below is <= 1)::
@@ -23,133 +24,202 @@ memory of each level is that of the inputs. T is inverted by the same recursion 
 unit lower triangular matrix), so the solve is batched matmuls too and works in any dtype.
 
 Precision: fp64 inputs -> all fp64. Other float inputs (fp32, bf16, fp16) -> everything in that dtype
-except the log-gate interval sums and their ``exp``, done in fp64 and then cast.
+except the log-gate interval sums and their ``exp`` (and, in the backward, the sums of their gradients),
+done in fp64 and then cast.
 
-Memory: the sequence is processed in segments of whole chunks; under autograd each segment is wrapped in
-``torch.utils.checkpoint`` so the backward keeps only segment-boundary states and recomputes one
-segment's intra-chunk tensors at a time.
+Gradients: under autograd the whole core is one ``torch.autograd.Function`` with a hand-written backward
+(``chunked_intra.intra_backward`` inside the chunks, the transposed state hand-off between them). The
+forward keeps only the inputs and the states at segment boundaries; the backward recomputes one segment's
+intra-chunk tensors at a time. Its gradients of the log-decay are, like the forward's exponents, direct
+sums over intervals. ``use_checkpoint=False`` instead lets autograd differentiate the forward as written
+(every intermediate kept): slower and bigger, and the independent check of the hand-written backward.
+
+Memory and speed: the sequence is processed in segments of whole chunks, sized from a byte budget so that a
+segment's working set stays bounded (the forward's segments are longer than the backward's, which hold
+more per token). On a GPU the work is bound by kernel launches more than by flops, so each segment's
+intra-chunk work is a fixed, small number of kernels, whatever its length.
 """
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+import warnings
+from dataclasses import dataclass
 
-# Working-set target for one segment: N*H*tokens*max(K, V)*itemsize bytes per activation-sized tensor.
-DEFAULT_SEGMENT_BYTES = 32 * 2**20
+import torch
+
+from .chunked_intra import intra_backward, intra_forward, to_chunks
+
+# Working-set targets, as bytes per activation-sized tensor of one segment (N*H*tokens*max(K, V)*itemsize):
+# a forward segment keeps about 20 such tensors alive at its peak, a backward segment about 30 (with the
+# inputs' gradients, which exist whole, on top). At N=4, H=16, K=V=128 in fp64 the forward runs 2048-token
+# segments and the backward 512-token ones (bench/chunked.py --count reports the peak).
+FORWARD_SEGMENT_BYTES = 128 * 2**20
+BACKWARD_SEGMENT_BYTES = 32 * 2**20
+# kept for callers of the earlier single budget
+DEFAULT_SEGMENT_BYTES = BACKWARD_SEGMENT_BYTES
 
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _excl_rev_cumsum(x: torch.Tensor) -> torch.Tensor:
-    """``y_j = sum_{t > j} x_t`` along dim -2, as a direct sum (no subtraction)."""
-    if x.shape[-2] == 1:
-        return torch.zeros_like(x)
-    tail = x[..., 1:, :].flip(-2).cumsum(-2).flip(-2)
-    return F.pad(tail, (0, 0, 0, 1))
+@dataclass(frozen=True)
+class _Plan:
+    scale: float
+    chunk: int
+    fwd_tokens: int  # forward segment length (a multiple of bwd_tokens)
+    bwd_tokens: int  # backward segment length (a multiple of chunk)
+    compile_intra: bool
 
 
-def _assemble(d0: torch.Tensor, off: torch.Tensor, d1: torch.Tensor) -> torch.Tensor:
-    """``[[d0, 0], [off, d1]]`` over the last two dims."""
-    top = torch.cat([d0, torch.zeros_like(d0)], -1)
-    bottom = torch.cat([off, d1], -1)
-    return torch.cat([top, bottom], -2)
+# --- optional torch.compile ------------------------------------------------------------------------
+
+_COMPILED: dict = {}
 
 
-def _intra(q, k, v, g, b, w, gate_dtype):
-    """Intra-chunk work for a batch of chunks: inputs ``[B, C, D]`` (q pre-scaled, padded).
+def _intra(fn, plan: _Plan):
+    """``fn`` itself, or its ``torch.compile``d version when asked for; a compile failure warns once and
+    falls back to eager for good."""
+    if not plan.compile_intra:
+        return fn
+    compiled = _COMPILED.get(fn)
+    if compiled is None:
+        try:
+            compiled = torch.compile(fn, dynamic=False)
+        except Exception as e:  # noqa: BLE001 - no compiler here: eager is the same math
+            warnings.warn(f"chunked_gdn2: torch.compile unavailable ({type(e).__name__}: {e}); running eagerly",
+                          stacklevel=3)
+            compiled = fn
+        _COMPILED[fn] = compiled
+    if compiled is fn:
+        return fn
 
-    Returns ``(Oi [B,C,V], Qe [B,C,K], P [B,K,K], Hh [B,K,V])`` such that, for a chunk with start state
-    S0, ``o = Oi + Qe S0`` and ``S_end = P S0 + Hh``.
-    """
-    B, C, K = k.shape
-    cd = k.dtype
-    kb = k * b
-    g = g.to(gate_dtype)
-    Kg = g.shape[-1]
+    def call(*args, **kwargs):
+        try:
+            return compiled(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - a failed compile must not lose the result
+            warnings.warn(f"chunked_gdn2: torch.compile failed ({type(e).__name__}: {e}); running eagerly",
+                          stacklevel=2)
+            _COMPILED[fn] = fn
+            return fn(*args, **kwargs)
 
-    # Level 0 (the diagonal): T = (I + A)^-1 has ones, M has q_i . k_i. Level s joins the two halves of
-    # every aligned 2s-block: rows of the second half meet columns of the first half through the anchor
-    # r = the last row of the first half, exp([i..j]) = exp([i..r]) * exp([r..j]), both factors <= 1.
-    Tcur = torch.ones(B, C, 1, 1, dtype=cd, device=k.device)
-    Mcur = (q * k).sum(-1)[..., None, None]
-    s = 1
-    while s < C:
-        nb = C // (2 * s)
-        gv = g.reshape(B, nb, 2, s, Kg)
-        e_row = gv[:, :, 1].cumsum(-2).exp().to(cd)  # exp([i..r]), i in the second half
-        e_col = _excl_rev_cumsum(gv[:, :, 0]).exp().to(cd)  # exp([r..j]), j in the first half
-        k_col = (k.reshape(B, nb, 2, s, K)[:, :, 0] * e_col).transpose(-1, -2)  # [B, nb, K, s]
-        xa = (kb.reshape(B, nb, 2, s, K)[:, :, 1] * e_row) @ k_col  # A block [B, nb, s, s]
-        xm = (q.reshape(B, nb, 2, s, K)[:, :, 1] * e_row) @ k_col  # M block
-        tv = Tcur.reshape(B, nb, 2, s, s)
-        mv = Mcur.reshape(B, nb, 2, s, s)
-        t0, t1 = tv[:, :, 0], tv[:, :, 1]
-        # the inverse of [[L0, 0], [X, L1]] is [[T0, 0], [-T1 X T0, T1]]
-        Tcur = _assemble(t0, -(t1 @ (xa @ t0)), t1)
-        Mcur = _assemble(mv[:, :, 0], xm, mv[:, :, 1])
-        s *= 2
-    T = Tcur.reshape(B, C, C)
-    M = Mcur.reshape(B, C, C)
-
-    G = g.cumsum(-2)  # [i..start]
-    e_start = G.exp().to(cd)
-    e_end = _excl_rev_cumsum(g).exp().to(cd)  # [end..j]
-    e_total = G[:, -1].exp().to(cd)  # [end..start], [B, Kg]
-
-    Ut = T @ (w * v)  # [B, C, V]
-    Wt = T @ (kb * e_start)  # [B, C, K]
-    Qe = q * e_start - M @ Wt
-    Oi = M @ Ut
-    kh_t = (k * e_end).transpose(-1, -2)  # [B, K, C]
-    D = torch.diag_embed(e_total.expand(B, K))
-    P = torch.baddbmm(D, kh_t, Wt, alpha=-1.0)
-    Hh = kh_t @ Ut
-    return Oi, Qe, P, Hh
+    return call
 
 
-_COMPILED = {}
+# --- layout: [N, L, H, D] <-> a batch of chunks [N*H*nc, C, D] --------------------------------------
 
 
-def _intra_fn(compile_intra: bool):
-    if not compile_intra:
-        return _intra
-    if "intra" not in _COMPILED:
-        _COMPILED["intra"] = torch.compile(_intra, dynamic=False)
-    return _COMPILED["intra"]
+def _from_chunks(src, dst):
+    """Write the first ``Ls`` tokens of chunked ``src [N*H*nc, C, D]`` into ``dst [N, Ls, H, D]``."""
+    N, Ls, H, D = dst.shape
+    dst.copy_(src.view(N, H, -1, D)[:, :, :Ls].transpose(1, 2))
 
 
-def _segment(q, k, v, g, b, w, S, chunk, gate_dtype, compile_intra=False):
-    """One segment ``[N, Ls, H, D]`` (any Ls) with start state ``S [N, H, K, V]``: returns ``(o, S_end)``."""
-    N, Ls, H, K = k.shape
+def _states(p, hh, s):
+    """The chunk-to-chunk hand-off ``S <- P S + Hh`` over ``p [NH, nc, K, K]``, ``hh [NH, nc, K, V]`` from
+    ``s [NH, K, V]``: every chunk's start state ``[NH, nc, K, V]`` and the end state."""
+    nc = p.shape[1]
+    if torch.is_grad_enabled():
+        starts = []
+        for c in range(nc):
+            starts.append(s)
+            s = torch.baddbmm(hh[:, c], p[:, c], s)
+        return torch.stack(starts, 1), s
+    starts = s.new_empty(s.shape[0], nc, *s.shape[1:])
+    starts[:, 0].copy_(s)
+    for c in range(nc - 1):
+        torch.baddbmm(hh[:, c], p[:, c], starts[:, c], out=starts[:, c + 1])
+    return starts, torch.baddbmm(hh[:, -1], p[:, -1], starts[:, -1])
+
+
+# --- forward -----------------------------------------------------------------------------------------
+
+
+def _forward(plan: _Plan, ins, h0, keep_every=None):
+    """``(o [N, L, H, V], S_L, kept)``; ``kept`` holds the start state of every ``keep_every``-token
+    segment (for the backward)."""
+    q, k, v = ins[:3]
+    N, L, H, K = k.shape
     V = v.shape[-1]
-    nc = -(-Ls // chunk)
-    pad = nc * chunk - Ls
+    C = plan.chunk
+    out = q.new_empty(N, L, H, V)
+    s = h0.reshape(N * H, K, V)
+    kept = []
+    fwd = _intra(intra_forward, plan)
+    for t0 in range(0, L, plan.fwd_tokens):
+        parts = [x[:, t0 : t0 + plan.fwd_tokens] for x in ins]
+        Ls = parts[0].shape[1]
+        nc = -(-Ls // C)
+        z = fwd(*parts, C, torch.float64)
+        s0, s = _states(z.p.view(N * H, nc, K, K), z.hh.view(N * H, nc, K, V), s)
+        z.p = z.hh = None
+        if keep_every is not None:
+            step = keep_every // C
+            kept += [s0[:, c].clone() for c in range(0, nc, step)]
+        o = torch.baddbmm(z.oi, z.qe_m, s0.view(N * H * nc, K, V), beta=plan.scale, alpha=plan.scale)
+        del z, s0
+        out[:, t0 : t0 + Ls] = o.view(N, H, nc * C, V)[:, :, :Ls].transpose(1, 2)
+        del o
+    return out, s.view(N, H, K, V), kept
 
-    def prep(x):
-        if pad:
-            x = F.pad(x, (0, 0, 0, 0, 0, pad))  # zeros: g = 0 (no decay), q = k = v = b = w = 0
-        d = x.shape[-1]
-        return x.reshape(N, nc, chunk, H, d).permute(0, 3, 1, 2, 4).reshape(N * H * nc, chunk, d)
 
-    Oi, Qe, P, Hh = _intra_fn(compile_intra)(*(prep(x) for x in (q, k, v, g, b, w)), gate_dtype)
-    NH = N * H
-    P = P.reshape(NH, nc, K, K)
-    Hh = Hh.reshape(NH, nc, K, V)
-    S = S.reshape(NH, K, V)
-    starts = []
-    for c in range(nc):
-        starts.append(S)
-        S = torch.baddbmm(Hh[:, c], P[:, c], S)
-    S0 = torch.stack(starts, 1).reshape(NH * nc, K, V)
-    o = torch.baddbmm(Oi, Qe, S0)  # [NH*nc, C, V]
-    o = o.reshape(N, H, nc * chunk, V).transpose(1, 2)
-    if pad:
-        o = o[:, :Ls]
-    return o, S.reshape(N, H, K, V)
+# --- backward ----------------------------------------------------------------------------------------
+
+
+class _ChunkedCore(torch.autograd.Function):
+    """The chunked core with a hand-written backward that recomputes one segment at a time."""
+
+    @staticmethod
+    def forward(ctx, plan, q, k, v, g, b, w, h0):
+        out, s_end, kept = _forward(plan, (q, k, v, g, b, w), h0, keep_every=plan.bwd_tokens)
+        ctx.plan = plan
+        ctx.save_for_backward(q, k, v, g, b, w, *kept)
+        return out, s_end
+
+    @staticmethod
+    def backward(ctx, d_out, d_state):
+        plan = ctx.plan
+        q, k, v, g, b, w, *kept = ctx.saved_tensors
+        ins = (q, k, v, g, b, w)
+        N, L, H, K = k.shape
+        V = v.shape[-1]
+        C = plan.chunk
+        need = ctx.needs_input_grad[1:7]
+        grads = [torch.empty(x.shape, dtype=x.dtype, device=x.device) if n else None for x, n in zip(ins, need)]
+        fwd = _intra(intra_forward, plan)
+        bwd = _intra(intra_backward, plan)
+        y = d_state.reshape(N * H, K, V)
+        starts = list(range(0, L, plan.bwd_tokens))
+        for seg, t0 in reversed(list(enumerate(starts))):
+            parts = [x[:, t0 : t0 + plan.bwd_tokens] for x in ins]
+            Ls = parts[0].shape[1]
+            nc = -(-Ls // C)
+            z = fwd(*parts, C, torch.float64, keep=True)
+            p = z.p.view(N * H, nc, K, K)
+            s0, _ = _states(p, z.hh.view(N * H, nc, K, V), kept[seg].reshape(N * H, K, V))
+            z.hh = None
+            do = to_chunks(d_out[:, t0 : t0 + Ls], C, plan.scale)  # the gradient of oi + qe_m S0
+            # the state's gradient runs backwards: dS0 = P^T y + Qe_m^T do, y the gradient of the end state
+            zc = torch.bmm(z.qe_m.transpose(1, 2), do).view(N * H, nc, K, V)
+            ys = [None] * nc
+            for c in reversed(range(nc)):
+                ys[c] = y
+                y = torch.baddbmm(zc[:, c], p[:, c].transpose(1, 2), y)
+            del zc, p
+            z.p = z.qe_m = z.oi = None
+            z.s0, z.y, z.do = s0.view(N * H * nc, K, V), torch.stack(ys, 1).view(N * H * nc, K, V), do
+            del s0, ys, do
+            dq, dk, dv, dg, db, dw = bwd(z)
+            del z
+            for i, d in enumerate((dq, dk, dv, dg, db, dw)):
+                if grads[i] is not None:
+                    _from_chunks(d, grads[i][:, t0 : t0 + Ls])
+            del dq, dk, dv, dg, db, dw
+        dh0 = y.view(N, H, K, V) if ctx.needs_input_grad[7] else None
+        return (None, *grads, dh0)
+
+
+# --- the entry point ---------------------------------------------------------------------------------
 
 
 def chunked_gdn2(
@@ -175,40 +245,34 @@ def chunked_gdn2(
 
     ``chunk_size`` is rounded up to a power of two (and down to the padded length for short inputs);
     the result does not depend on it beyond rounding. ``segment_tokens`` (a multiple of the chunk)
-    bounds the working set; by default it is chosen from ``DEFAULT_SEGMENT_BYTES``. ``use_checkpoint``
-    (default: when autograd records) recomputes each segment in the backward instead of storing it.
-    ``compile_intra`` runs the intra-chunk part through ``torch.compile`` (fuses its elementwise passes on
-    the GPU; the first call compiles).
+    bounds the working set of the forward and the backward alike; by default each is chosen from
+    ``FORWARD_SEGMENT_BYTES`` / ``BACKWARD_SEGMENT_BYTES``. Under autograd the default (``use_checkpoint``
+    None or True) is the hand-written backward that recomputes one segment at a time; ``False`` lets
+    autograd differentiate the forward as written, keeping every intermediate. ``compile_intra`` runs the
+    intra-chunk work through ``torch.compile`` (fuses its elementwise passes on the GPU; the first call
+    compiles; without a working compiler it warns and runs eagerly).
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size: expected >= 1, got {chunk_size}")
     dtype = q.dtype
     k, v, g, b, w, h0 = (x.to(dtype) for x in (k, v, g, b, w, h0))
-    gate_dtype = torch.float64
     N, L, H, K = k.shape
     V = v.shape[-1]
     if L == 0:
         return v.new_zeros(v.shape), h0
     chunk = min(_next_pow2(chunk_size), _next_pow2(L))
-    q = q * scale
 
-    if segment_tokens is None:
-        per_token = N * H * max(K, V) * dtype.itemsize
-        segment_tokens = max(1, DEFAULT_SEGMENT_BYTES // max(1, per_token))
-    seg = max(chunk, (segment_tokens // chunk) * chunk)
+    def tokens(budget):
+        n = segment_tokens
+        if n is None:
+            n = max(1, budget // max(1, N * H * max(K, V) * dtype.itemsize))
+        return max(chunk, (n // chunk) * chunk)
+
+    bwd_tokens = tokens(BACKWARD_SEGMENT_BYTES)
+    fwd_tokens = max(bwd_tokens, (tokens(FORWARD_SEGMENT_BYTES) // bwd_tokens) * bwd_tokens)
+    plan = _Plan(float(scale), chunk, fwd_tokens, bwd_tokens, bool(compile_intra))
     grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, g, b, w, h0))
-    if use_checkpoint is None:
-        use_checkpoint = grad
-    use_checkpoint = use_checkpoint and grad
-
-    S = h0
-    outs = []
-    for t0 in range(0, L, seg):
-        parts = [x[:, t0 : t0 + seg] for x in (q, k, v, g, b, w)]
-        if use_checkpoint:
-            o, S = checkpoint(_segment, *parts, S, chunk, gate_dtype, compile_intra, use_reentrant=False)
-        else:
-            o, S = _segment(*parts, S, chunk, gate_dtype, compile_intra)
-        outs.append(o)
-    o = outs[0] if len(outs) == 1 else torch.cat(outs, 1)
-    return o, S
+    if grad and use_checkpoint is not False:
+        return _ChunkedCore.apply(plan, q, k, v, g, b, w, h0)
+    out, s_end, _ = _forward(plan, (q, k, v, g, b, w), h0)
+    return out, s_end

@@ -1,0 +1,316 @@
+"""Inside the chunks: the WY/UT quantities of every chunk of a segment at once, and their hand-written backward.
+
+`reference/chunked.py` owns the algorithm's contract (its docstring states the math and the numerics) and the
+state hand-off between chunks; this module does the intra-chunk part on a batch of B chunks of C tokens (C a
+power of two): q and k ``[B, C, K]``, v ``[B, C, V]``, log-decay g ``[B, C, Kg]``, erase gate b ``[B, C, Kb]``,
+write gate w ``[B, C, Vw]`` (Kg, Kb in {1, K}; Vw in {1, V}: singleton gates broadcast).
+
+The decay factors of the recursive halving are built level by level as products of ``exp(g_t) <= 1``: with
+``P_s`` (exp of the inclusive prefix sum inside each aligned s-block), ``Q_s`` (exp of the exclusive suffix
+sum) and ``T_s`` (exp of the block's total), level s uses ``P_s`` on the rows of each second half and ``Q_s`` on
+the columns of each first half, and level 2s follows by one multiplication of half the rows (the second
+half's P by the first half's total, the first half's Q by the second half's total). Scaled rows and columns
+are kept in the gate dtype (fp64) and updated the same way; after the last level they are exactly
+``kb*exp([i..start])``, ``q*exp([i..start])`` and ``k*exp([end..j])``. Every factor is a product of numbers
+<= 1 (a tree of depth log2(C)): nothing overflows and nothing is a ratio or a difference.
+
+The forward is plain differentiable PyTorch (``chunked_gdn2(use_checkpoint=False)`` lets autograd run
+through it, which is how the tests check :func:`intra_backward`); when autograd is not recording it writes
+in place and into preallocated buffers, which is the same arithmetic with fewer passes over memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Intra:
+    """One segment's chunks. With start state S0: ``o = scale * (oi + qe_m S0)`` and ``S_end = p S0 + hh``;
+    the rest is what :func:`intra_backward` needs (kept only when asked for), and its inputs."""
+
+    oi: torch.Tensor | None  # [B, C, V]
+    qe_m: torch.Tensor | None  # [B, C, K]
+    p: torch.Tensor | None  # [B, K, K]
+    hh: torch.Tensor | None  # [B, K, V]
+    t: torch.Tensor | None = None  # (I + A)^-1 [B, C, C]
+    m: torch.Tensor | None = None  # [B, C, C]
+    kq: torch.Tensor | None = None  # (kb, q) [B, C, 2, K]
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+    b: torch.Tensor | None = None
+    w: torch.Tensor | None = None
+    eg: torch.Tensor | None = None  # exp(g) in the gate dtype [B, C, Kg]
+    kbe: torch.Tensor | None = None  # kb * exp([i..start]) [B, C, K]
+    qe: torch.Tensor | None = None  # q * exp([i..start]) [B, C, K]
+    kh: torch.Tensor | None = None  # k * exp([end..j]) [B, C, K]
+    e_total: torch.Tensor | None = None  # exp([end..start]) [B, Kg]
+    wv: torch.Tensor | None = None  # w * v [B, C, V]
+    ut: torch.Tensor | None = None  # T wv [B, C, V]
+    wt: torch.Tensor | None = None  # T kbe [B, C, K]
+    # set by the caller for the backward: per chunk, the start state, the end state's gradient, scale * dO
+    s0: torch.Tensor | None = None
+    y: torch.Tensor | None = None
+    do: torch.Tensor | None = None
+
+
+# --- layout and in-place helpers -------------------------------------------------------------------
+
+
+def to_chunks(x, chunk, scale=None, fn=None, pad=0.0):
+    """``fn(scale * x)`` of ``x [N, Ls, H, D]`` as ``[N*H*nc, chunk, D]``, padded to whole chunks with ``pad``
+    (g = 0 is no decay, exp(g) = 1; zero q, k, v, b, w write and read nothing)."""
+    N, Ls, H, D = x.shape
+    nc = -(-Ls // chunk)
+    src = x.transpose(1, 2)
+    if torch.is_grad_enabled():
+        y = src * scale if scale is not None else src
+        y = fn(y) if fn is not None else y
+        if nc * chunk != Ls:
+            y = F.pad(y, (0, 0, 0, nc * chunk - Ls), value=pad)
+        return y.reshape(N * H * nc, chunk, D)
+    out = x.new_empty(N * H * nc, chunk, D)
+    dst = out.view(N, H, nc * chunk, D)
+    if fn is not None:
+        fn(src, out=dst[:, :, :Ls])
+    elif scale is not None:
+        torch.mul(src, scale, out=dst[:, :, :Ls])
+    else:
+        dst[:, :, :Ls].copy_(src)
+    dst[:, :, Ls:].fill_(pad)
+    return out
+
+
+def _scale_half(x, s, half, f):
+    """``x [B, C, ...]`` with rows of the ``half`` (0 or 1) s-block of every aligned 2s-block multiplied by ``f``
+    (``[B, C/2s, ...]``, broadcast over the block's rows): in place unless autograd is recording."""
+    v = x.view(x.shape[0], -1, 2, s, *x.shape[2:])
+    f = f.unsqueeze(2)
+    if not torch.is_grad_enabled():
+        v[:, :, half].mul_(f)
+        return x
+    parts = [v[:, :, 0], v[:, :, 1]]
+    parts[half] = parts[half] * f
+    return torch.stack(parts, 2).view(x.shape)
+
+
+def _next_level(tot, s):
+    """The block totals of level 2s from those of level s ``[B, C/s, Kg]``: (first halves', second halves',
+    their products)."""
+    tv = tot.view(tot.shape[0], -1, 2, tot.shape[-1])
+    ta, tb = tv[:, :, 0], tv[:, :, 1]
+    return ta, tb, ta * tb
+
+
+# --- forward ---------------------------------------------------------------------------------------
+
+
+def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False) -> Intra:
+    """The intra-chunk quantities of every chunk of a segment ``[N, Ls, H, D]`` (``keep``: also what the
+    backward needs). Without ``keep`` every tensor is dropped as soon as it has been used."""
+    fast = not torch.is_grad_enabled()
+    N, Ls, H, K = k.shape
+    nc = -(-Ls // chunk)
+    B, C = N * H * nc, chunk
+    eg = to_chunks(g.to(gate_dtype), C, fn=torch.exp, pad=1.0)  # [B, C, Kg] exp(g) <= 1
+    Kg = eg.shape[-1]
+    if keep or not fast:
+        k, v, b, w = (to_chunks(x, C) for x in (k, v, b, w))
+        kq = torch.stack([k * b, to_chunks(q, C)], 2)
+        wv = w * v
+    else:  # straight from the inputs into chunk layout: no copies of b, v, w
+        kq = k.new_empty(B, C, 2, K)
+        kqv = kq.view(N, H, nc * C, 2, K)
+        torch.mul(k.transpose(1, 2), b.transpose(1, 2), out=kqv[:, :, :Ls, 0])
+        kqv[:, :, :Ls, 1].copy_(q.transpose(1, 2))
+        kqv[:, :, Ls:].zero_()
+        wv = v.new_empty(B, C, v.shape[-1])
+        wvv = wv.view(N, H, nc * C, -1)
+        torch.mul(w.transpose(1, 2), v.transpose(1, 2), out=wvv[:, :, :Ls])
+        wvv[:, :, Ls:].zero_()
+        k = to_chunks(k, C)
+        del q, v, b, w, kqv, wvv
+    cd = k.dtype
+
+    # Level 0, the diagonal: T_ii = 1, M_ii = q_i . k_i. ``tm`` holds T and M side by side as the diagonal
+    # blocks of the current level: [B, C/s, 2 (T, M), s, s].
+    qk = torch.bmm(kq[:, :, 1].reshape(B * C, 1, K), k.reshape(B * C, K, 1)).view(B, C)
+    tm = torch.stack([torch.ones_like(qk), qk], -1).view(B, C, 2, 1, 1)
+    del qk
+    # Level 1: P_1 = exp(g) (rows), Q_1 = 1 (columns), T_1 = exp(g) (totals of 1-blocks).
+    rows = kq * eg.unsqueeze(2) if (keep or not fast or cd != gate_dtype) else kq.mul_(eg.unsqueeze(2))
+    cols = k.to(gate_dtype, copy=keep or not fast)
+    tot = eg
+    zero = k.new_zeros(())
+    s = 1
+    while s < C:
+        nb = C // (2 * s)
+        # the A and M blocks of this level in one matmul: rows (i in a second half, A|M), columns j in a first half
+        rv = rows.view(B, nb, 2, s, 2, K)[:, :, 1].to(cd)
+        cv = cols.view(B, nb, 2, s, K)[:, :, 0].to(cd)
+        x = torch.bmm(rv.reshape(B * nb, 2 * s, K), cv.reshape(B * nb, s, K).transpose(1, 2)).view(B, nb, s, 2, s)
+        del rv, cv
+        tmv = tm.view(B, nb, 2, 2, s, s)  # [B, nb, half, T|M, s, s]
+        # the inverse of [[L0, 0], [X, L1]] is [[T0, 0], [-T1 X T0, T1]]
+        xt = torch.bmm(x[:, :, :, 0].reshape(B * nb, s, s), tmv[:, :, 0, 0].reshape(B * nb, s, s))
+        off = torch.baddbmm(xt, tmv[:, :, 1, 0].reshape(B * nb, s, s), xt, beta=0, alpha=-1).view(B, nb, s, s)
+        del xt
+        z = zero.expand(B, nb, s, s)
+        # [[d0, 0], [off, d1]] for T and M at once: pieces ordered (half row, half col, T|M)
+        pieces = torch.stack(
+            [tmv[:, :, 0, 0], tmv[:, :, 0, 1], z, z, off, x[:, :, :, 1], tmv[:, :, 1, 0], tmv[:, :, 1, 1]], 2
+        )
+        del tm, tmv, x, off
+        tm = pieces.view(B, nb, 2, 2, 2, s, s).permute(0, 1, 4, 2, 5, 3, 6).reshape(B, nb, 2, 2 * s, 2 * s)
+        del pieces
+        # level 2s: second halves' rows gain the first half's total, first halves' columns the second half's
+        ta, tb, tot = _next_level(tot, s)
+        rows = _scale_half(rows, s, 1, ta.unsqueeze(-2))
+        cols = _scale_half(cols, s, 0, tb)
+        del ta, tb
+        s *= 2
+    t, m = tm[:, 0, 0], tm[:, 0, 1]
+    del tm
+    e_total = tot.view(B, Kg).to(cd)
+    kbe, qe = rows[:, :, 0].to(cd), rows[:, :, 1].to(cd)
+    kh = cols.to(cd)
+    del rows, cols, tot
+
+    ut = torch.bmm(t, wv)
+    wt = torch.bmm(t, kbe)
+    qe_m = torch.baddbmm(qe, m, wt, alpha=-1)
+    oi = torch.bmm(m, ut)
+    kht = kh.transpose(1, 2)
+    p = torch.baddbmm(zero.expand(B, K, K), kht, wt, beta=0, alpha=-1)
+    p.diagonal(dim1=1, dim2=2).add_(e_total)
+    hh = torch.bmm(kht, ut)
+    if not keep:
+        return Intra(oi, qe_m, p, hh)
+    return Intra(oi, qe_m, p, hh, t=t, m=m, kq=kq, k=k, v=v, b=b, w=w, eg=eg, kbe=kbe, qe=qe, kh=kh,
+                 e_total=e_total, wv=wv, ut=ut, wt=wt)
+
+
+# --- backward --------------------------------------------------------------------------------------
+
+
+def _sum_to(x, n):
+    """Sum the last dim down to a broadcast singleton when the input was one."""
+    return x.sum(-1, keepdim=True) if n == 1 and x.shape[-1] != 1 else x
+
+
+def intra_backward(z: Intra):
+    """Gradients ``(dq, dk, dv, dg, db, dw)`` of the chunked inputs, in their shapes.
+
+    ``z`` from ``intra_forward(keep=True)`` with, per chunk, ``z.s0 [B, K, V]`` its start state, ``z.y [B, K,
+    V]`` the gradient of its end state and ``z.do [B, C, V]`` scale times that of its output. With the
+    pseudo-values ``u = Ut - Wt S0`` a chunk is ``o = scale (qe S0 + M u)`` and ``S_end = Diag(e_total) S0 +
+    kh^T u``; the state's own gradient (``P^T y + scale Qe_m^T dO``) is the caller's. ``z`` is consumed: its
+    tensors are released as soon as they have been used.
+
+    The log-decay's gradient is the sum, over every decay factor exp(sum of g over an interval) that g_t lies
+    in, of that factor's log-adjoint (factor times its gradient): direct sums of the decayed terms over the
+    same intervals as the forward's, accumulated in the gate dtype.
+    """
+    kq, k, b = z.kq, z.k, z.b
+    B, C, K = k.shape
+    cd = k.dtype
+    gd = z.eg.dtype
+    Kg = z.eg.shape[-1]
+    m = z.m
+    s0, y, do = z.s0, z.y, z.do
+    z.s0 = z.y = z.do = z.m = None
+    u = torch.baddbmm(z.ut, z.wt, s0, alpha=-1)
+    du = torch.baddbmm(torch.bmm(z.kh, y), m.transpose(1, 2), do)  # dL/dUt = M^T do + kh y
+    dwt = torch.baddbmm(z.wt, du, s0.transpose(1, 2), beta=0, alpha=-1)  # dL/dWt = -du S0^T
+    z.ut = z.wt = None
+    dm = torch.bmm(do, u.transpose(1, 2))  # used on and below the diagonal only
+    del m
+    dkh = torch.bmm(u, y.transpose(1, 2))
+    dqe = torch.bmm(do, s0.transpose(1, 2))
+    Kd, Vd = y.shape[1:]
+    # the diagonal of dL/dP: a dot product per state row, as one batched matmul
+    de_total = torch.bmm(y.reshape(-1, 1, Vd), s0.reshape(-1, Vd, 1)).view(B, Kd)
+    del u, do, y, s0
+    tt = z.t.transpose(1, 2)
+    z.t = None
+    dt = torch.baddbmm(torch.bmm(du, z.wv.transpose(1, 2)), dwt, z.kbe.transpose(1, 2))
+    z.wv = None
+    dwv = torch.bmm(tt, du)
+    dkbe = torch.bmm(tt, dwt)
+    del du, dwt
+    # T = (I + A)^-1: dA = -T^T dT T^T (used strictly below the diagonal only)
+    da = torch.bmm(tt, dt)
+    da = torch.baddbmm(da, da, tt, beta=0, alpha=-1)
+    dam = torch.stack([da, dm], 2)  # [B, C, 2 (A, M), C]
+    del da, dt, tt
+    dv = dwv * z.w
+    dw = _sum_to(dwv * z.v, z.w.shape[-1])
+    z.v = z.w = None
+    del dwv
+
+    # The whole-chunk factors: exp([i..start]) scales kb and q (and its last row is exp([end..start])), an
+    # inclusive prefix -> suffix sums, accumulated reversed in ``dgr``; exp([end..j]) scales k, an exclusive
+    # suffix -> exclusive prefix sums in ``dgn``.
+    lam = _sum_to(torch.addcmul(dqe * z.qe, dkbe, z.kbe), Kg).to(gd)
+    lam[:, -1].add_(_sum_to(de_total * z.e_total, Kg).to(gd))
+    dgr = lam.flip(1).cumsum(1)
+    lam = _sum_to(dkh * z.kh, Kg).to(gd)
+    dgn = torch.zeros_like(dgr)
+    dgn[:, 1:] = lam[:, : C - 1].cumsum(1)
+    del lam, de_total
+    z.qe = z.kbe = z.kh = z.e_total = None
+    dmd = torch.diagonal(dm, dim1=1, dim2=2).unsqueeze(-1)  # M_ii = q_i . k_i
+    dkq = torch.zeros_like(kq)  # (kb, q) rows
+    dkq[:, :, 1] = dmd * k
+    dk = dmd * kq[:, :, 1]
+    del dm, dmd
+
+    # The levels, bottom-up, with their factors rebuilt as in the forward: P (prefixes) on the rows of
+    # second halves, Q (suffixes) on the columns of first halves, ``tot`` the blocks' totals.
+    tot = z.eg
+    pf = tot.clone()
+    qf = torch.ones_like(tot)
+    z.eg = None
+    s = 1
+    while s < C:
+        nb = C // (2 * s)
+        e_row = pf.view(B, nb, 2, s, Kg)[:, :, 1].unsqueeze(-2)  # [B, nb, s, 1, Kg]
+        e_col = qf.view(B, nb, 2, s, Kg)[:, :, 0]
+        rows = (kq.view(B, nb, 2, s, 2, K)[:, :, 1] * e_row).to(cd)
+        kc = (k.view(B, nb, 2, s, K)[:, :, 0] * e_col).to(cd)
+        # this level's blocks of dA and dM: rows (i, A|M) of the second half, columns j of the first half
+        dx = dam.as_strided((B, nb, s, 2, s), (2 * C * C, 4 * s * C + 2 * s, 2 * C, C, 1),
+                            dam.storage_offset() + 2 * s * C).reshape(B * nb, 2 * s, s)
+        dr = torch.bmm(dx, kc.view(B * nb, s, K)).view(B, nb, s, 2, K)
+        dkc = torch.bmm(dx.transpose(1, 2), rows.view(B * nb, 2 * s, K)).view(B, nb, s, K)
+        del dx
+        dkq.view(B, nb, 2, s, 2, K)[:, :, 1].addcmul_(dr, e_row)
+        dk.view(B, nb, 2, s, K)[:, :, 0].addcmul_(dkc, e_col)
+        # exp([i..r]) of a second half's row i: each g_t there gets the suffix sum from t
+        lam = torch.addcmul(dr[:, :, :, 0] * rows[:, :, :, 0], dr[:, :, :, 1], rows[:, :, :, 1])
+        lam = _sum_to(lam, Kg).to(gd)
+        dgr.view(B, nb, 2, s, Kg)[:, :, 0].add_(lam.flip((1, 2)).cumsum(2))
+        del dr, rows
+        if s > 1:  # exp([r..j]) of a first half's column j: each g_t there gets the prefix sum before t
+            lam = _sum_to(dkc * kc, Kg).to(gd)
+            dgn.view(B, nb, 2, s, Kg)[:, :, 0, 1:].add_(lam[:, :, : s - 1].cumsum(2))
+        del lam, dkc, kc, e_row, e_col
+        ta, tb, tot = _next_level(tot, s)
+        pf = _scale_half(pf, s, 1, ta)
+        qf = _scale_half(qf, s, 0, tb)
+        del ta, tb
+        s *= 2
+    del dam, tot
+    # pf, qf now hold exp([i..start]) and exp([end..j])
+    dkb = torch.addcmul(dkq[:, :, 0], dkbe, pf)
+    dq = torch.addcmul(dkq[:, :, 1], dqe, pf)
+    del dkq, dkbe, dqe
+    dk.addcmul_(dkh, qf)
+    dk.addcmul_(dkb, b)
+    db = _sum_to(dkb * k, b.shape[-1])
+    z.kq = z.k = z.b = None
+    dg = (dgn + dgr.flip(1)).to(cd)
+    return dq, dk, dv, dg, db, dw
