@@ -47,13 +47,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .chunked_intra import intra_backward, intra_forward, to_chunks
+from .chunked_intra import handoff, intra_backward, intra_forward, to_chunks
 
 # Working-set targets, as bytes per activation-sized tensor of one segment (N*H*tokens*max(K, V)*itemsize):
 # a forward segment keeps about 20 such tensors alive at its peak, a backward segment about 30 (with the
 # inputs' gradients, which exist whole, on top). At N=4, H=16, K=V=128 in fp64 the forward runs 2048-token
 # segments and the backward 512-token ones (bench/chunked.py --count reports the peak).
-FORWARD_SEGMENT_BYTES = 128 * 2**20
+FORWARD_SEGMENT_BYTES = 256 * 2**20
 BACKWARD_SEGMENT_BYTES = 32 * 2**20
 # kept for callers of the earlier single budget
 DEFAULT_SEGMENT_BYTES = BACKWARD_SEGMENT_BYTES
@@ -106,33 +106,43 @@ def _intra(fn, plan: _Plan):
     return call
 
 
-# --- layout: [N, L, H, D] <-> a batch of chunks [N*H*nc, C, D] --------------------------------------
+# --- layout, state hand-off ----------------------------------------------------------------------
 
 
 def _from_chunks(src, dst):
-    """Write the first ``Ls`` tokens of chunked ``src [N*H*nc, C, D]`` into ``dst [N, Ls, H, D]``."""
+    """Write chunk-major ``src [nc*N*H, C, D]`` into ``dst [N, Ls, H, D]`` (its first Ls tokens)."""
     N, Ls, H, D = dst.shape
-    dst.copy_(src.view(N, H, -1, D)[:, :, :Ls].transpose(1, 2))
+    C = src.shape[1]
+    src = src.view(-1, N, H, C, D)
+    full, tail = divmod(Ls, C)
+    if full:
+        dst[:, : full * C].unflatten(1, (full, C)).copy_(src[:full].permute(1, 0, 3, 2, 4))
+    if tail:
+        dst[:, full * C :].copy_(src[full, :, :, :tail].transpose(1, 2))
 
 
 def _states(p, hh, s):
-    """The chunk-to-chunk hand-off ``S <- P S + Hh`` over ``p [NH, nc, K, K]``, ``hh [NH, nc, K, V]`` from
-    ``s [NH, K, V]``: every chunk's start state ``[NH, nc, K, V]`` and the end state."""
-    nc = p.shape[1]
-    if torch.is_grad_enabled():
+    """The chunk-to-chunk hand-off ``S <- P S + Hh`` over ``p [nc, NH, K, K]``, ``hh [nc, NH, K, V]`` from
+    ``s [NH, K, V]``: every chunk's start state ``[nc, NH, K, V]`` and the end state."""
+    nc = p.shape[0]
+    if torch.is_grad_enabled():  # autograd needs every state it saved
         starts = []
         for c in range(nc):
             starts.append(s)
-            s = torch.baddbmm(hh[:, c], p[:, c], s)
-        return torch.stack(starts, 1), s
-    starts = s.new_empty(s.shape[0], nc, *s.shape[1:])
-    starts[:, 0].copy_(s)
+            s = torch.baddbmm(hh[c], p[c], s)
+        return torch.stack(starts), s
+    starts = s.new_empty(nc, *s.shape)
+    starts[0].copy_(s)
     for c in range(nc - 1):
-        torch.baddbmm(hh[:, c], p[:, c], starts[:, c], out=starts[:, c + 1])
-    return starts, torch.baddbmm(hh[:, -1], p[:, -1], starts[:, -1])
+        torch.baddbmm(hh[c], p[c], starts[c], out=starts[c + 1])
+    return starts, torch.baddbmm(hh[-1], p[-1], starts[-1])
 
 
 # --- forward -----------------------------------------------------------------------------------------
+
+# The hand-off matrices of a segment's chunks (P, Hh, the start states and the output: seven
+# activation-sized tensors per chunk at K = V = 2C) are made and used a quarter of the chunks at a time.
+HANDOFF_SLICES = 4
 
 
 def _forward(plan: _Plan, ins, h0, keep_every=None):
@@ -141,25 +151,29 @@ def _forward(plan: _Plan, ins, h0, keep_every=None):
     q, k, v = ins[:3]
     N, L, H, K = k.shape
     V = v.shape[-1]
-    C = plan.chunk
+    C, NH = plan.chunk, N * H
     out = q.new_empty(N, L, H, V)
-    s = h0.reshape(N * H, K, V)
+    s = h0.reshape(NH, K, V)
     kept = []
     fwd = _intra(intra_forward, plan)
     for t0 in range(0, L, plan.fwd_tokens):
-        parts = [x[:, t0 : t0 + plan.fwd_tokens] for x in ins]
-        Ls = parts[0].shape[1]
+        Ls = min(plan.fwd_tokens, L - t0)
         nc = -(-Ls // C)
-        z = fwd(*parts, C, torch.float64)
-        s0, s = _states(z.p.view(N * H, nc, K, K), z.hh.view(N * H, nc, K, V), s)
-        z.p = z.hh = None
-        if keep_every is not None:
-            step = keep_every // C
-            kept += [s0[:, c].clone() for c in range(0, nc, step)]
-        o = torch.baddbmm(z.oi, z.qe_m, s0.view(N * H * nc, K, V), beta=plan.scale, alpha=plan.scale)
-        del z, s0
-        out[:, t0 : t0 + Ls] = o.view(N, H, nc * C, V)[:, :, :Ls].transpose(1, 2)
-        del o
+        z = fwd(*(x[:, t0 : t0 + Ls] for x in ins), C, torch.float64)
+        step = -(-nc // HANDOFF_SLICES)
+        for c0 in range(0, nc, step):
+            c1 = min(nc, c0 + step)
+            rows = slice(c0 * NH, c1 * NH)
+            p, hh = handoff(z, rows)
+            s0, s = _states(p.view(c1 - c0, NH, K, K), hh.view(c1 - c0, NH, K, V), s)
+            del p, hh
+            if keep_every is not None:
+                kept += [s0[c - c0].clone() for c in range(c0, c1) if (t0 + c * C) % keep_every == 0]
+            o = torch.baddbmm(z.oi[rows], z.qe_m[rows], s0.view(-1, K, V), beta=plan.scale, alpha=plan.scale)
+            del s0
+            _from_chunks(o, out[:, t0 + c0 * C : t0 + min(c1 * C, Ls)])
+            del o
+        del z
     return out, s.view(N, H, K, V), kept
 
 
@@ -183,38 +197,37 @@ class _ChunkedCore(torch.autograd.Function):
         ins = (q, k, v, g, b, w)
         N, L, H, K = k.shape
         V = v.shape[-1]
-        C = plan.chunk
+        C, NH = plan.chunk, N * H
         need = ctx.needs_input_grad[1:7]
         grads = [torch.empty(x.shape, dtype=x.dtype, device=x.device) if n else None for x, n in zip(ins, need)]
         fwd = _intra(intra_forward, plan)
-        bwd = _intra(intra_backward, plan)
-        y = d_state.reshape(N * H, K, V)
+        bwd = intra_backward  # eager: in place throughout (torch.compile covers the forward's intra-chunk work)
+        y = d_state.reshape(NH, K, V)
         starts = list(range(0, L, plan.bwd_tokens))
         for seg, t0 in reversed(list(enumerate(starts))):
-            parts = [x[:, t0 : t0 + plan.bwd_tokens] for x in ins]
-            Ls = parts[0].shape[1]
+            Ls = min(plan.bwd_tokens, L - t0)
             nc = -(-Ls // C)
-            z = fwd(*parts, C, torch.float64, keep=True)
-            p = z.p.view(N * H, nc, K, K)
-            s0, _ = _states(p, z.hh.view(N * H, nc, K, V), kept[seg].reshape(N * H, K, V))
-            z.hh = None
+            z = fwd(*(x[:, t0 : t0 + Ls] for x in ins), C, torch.float64, keep=True)
+            p, hh = handoff(z)
+            p = p.view(nc, NH, K, K)
+            s0, _ = _states(p, hh.view(nc, NH, K, V), kept[seg])
+            del hh
             do = to_chunks(d_out[:, t0 : t0 + Ls], C, plan.scale)  # the gradient of oi + qe_m S0
             # the state's gradient runs backwards: dS0 = P^T y + Qe_m^T do, y the gradient of the end state
-            zc = torch.bmm(z.qe_m.transpose(1, 2), do).view(N * H, nc, K, V)
-            ys = [None] * nc
-            for c in reversed(range(nc)):
-                ys[c] = y
-                y = torch.baddbmm(zc[:, c], p[:, c].transpose(1, 2), y)
+            zc = torch.bmm(z.qe_m.transpose(1, 2), do).view(nc, NH, K, V)
+            z.qe_m = z.oi = None
+            ys = y.new_empty(nc, NH, K, V)
+            ys[-1].copy_(y)
+            for c in range(nc - 1, 0, -1):
+                torch.baddbmm(zc[c], p[c].transpose(1, 2), ys[c], out=ys[c - 1])
+            y = torch.baddbmm(zc[0], p[0].transpose(1, 2), ys[0])
             del zc, p
-            z.p = z.qe_m = z.oi = None
-            z.s0, z.y, z.do = s0.view(N * H * nc, K, V), torch.stack(ys, 1).view(N * H * nc, K, V), do
+            z.s0, z.y, z.do = s0.view(-1, K, V), ys.view(-1, K, V), do
             del s0, ys, do
-            dq, dk, dv, dg, db, dw = bwd(z)
+            for grad, d in zip(grads, bwd(z)):
+                if grad is not None:
+                    _from_chunks(d, grad[:, t0 : t0 + Ls])
             del z
-            for i, d in enumerate((dq, dk, dv, dg, db, dw)):
-                if grads[i] is not None:
-                    _from_chunks(d, grads[i][:, t0 : t0 + Ls])
-            del dq, dk, dv, dg, db, dw
         dh0 = y.view(N, H, K, V) if ctx.needs_input_grad[7] else None
         return (None, *grads, dh0)
 

@@ -29,13 +29,15 @@ import torch.nn.functional as F
 
 @dataclass
 class Intra:
-    """One segment's chunks. With start state S0: ``o = scale * (oi + qe_m S0)`` and ``S_end = p S0 + hh``;
-    the rest is what :func:`intra_backward` needs (kept only when asked for), and its inputs."""
+    """One segment's chunks. With start state S0: ``o = scale * (oi + qe_m S0)`` and ``S_end = P S0 + Hh``
+    (:func:`handoff`); the rest is what :func:`intra_backward` needs (kept only when asked for)."""
 
     oi: torch.Tensor | None  # [B, C, V]
     qe_m: torch.Tensor | None  # [B, C, K]
-    p: torch.Tensor | None  # [B, K, K]
-    hh: torch.Tensor | None  # [B, K, V]
+    kh: torch.Tensor | None  # k * exp([end..j]) [B, C, K]
+    ut: torch.Tensor | None  # T wv [B, C, V]
+    wt: torch.Tensor | None  # T kbe [B, C, K]
+    e_total: torch.Tensor | None  # exp([end..start]) [B, Kg]
     t: torch.Tensor | None = None  # (I + A)^-1 [B, C, C]
     m: torch.Tensor | None = None  # [B, C, C]
     kq: torch.Tensor | None = None  # (kb, q) [B, C, 2, K]
@@ -46,11 +48,7 @@ class Intra:
     eg: torch.Tensor | None = None  # exp(g) in the gate dtype [B, C, Kg]
     kbe: torch.Tensor | None = None  # kb * exp([i..start]) [B, C, K]
     qe: torch.Tensor | None = None  # q * exp([i..start]) [B, C, K]
-    kh: torch.Tensor | None = None  # k * exp([end..j]) [B, C, K]
-    e_total: torch.Tensor | None = None  # exp([end..start]) [B, Kg]
     wv: torch.Tensor | None = None  # w * v [B, C, V]
-    ut: torch.Tensor | None = None  # T wv [B, C, V]
-    wt: torch.Tensor | None = None  # T kbe [B, C, K]
     # set by the caller for the backward: per chunk, the start state, the end state's gradient, scale * dO
     s0: torch.Tensor | None = None
     y: torch.Tensor | None = None
@@ -60,28 +58,39 @@ class Intra:
 # --- layout and in-place helpers -------------------------------------------------------------------
 
 
-def to_chunks(x, chunk, scale=None, fn=None, pad=0.0):
-    """``fn(scale * x)`` of ``x [N, Ls, H, D]`` as ``[N*H*nc, chunk, D]``, padded to whole chunks with ``pad``
-    (g = 0 is no decay, exp(g) = 1; zero q, k, v, b, w write and read nothing)."""
+def _in_place() -> bool:
+    """Whether to write in place and into preallocated buffers: not while autograd records (it needs the
+    values it saved) nor while torch.compile traces (it fuses the plain form itself)."""
+    compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+    return not torch.is_grad_enabled() and not compiling()
+
+
+def chunk_view(x, chunk):
+    """``x [N, Ls, H, D]`` as ``[nc, N, H, C, D]`` (a view; zero-padded to whole chunks first where needed: g = 0
+    is no decay, zero q, k, v, b, w write and read nothing). Batches of chunks are chunk-major: the chunks
+    of one chunk index over every (sequence, head) are contiguous, which is what the state hand-off reads."""
     N, Ls, H, D = x.shape
     nc = -(-Ls // chunk)
-    src = x.transpose(1, 2)
-    if torch.is_grad_enabled():
+    if nc * chunk != Ls:
+        x = F.pad(x, (0, 0, 0, 0, 0, nc * chunk - Ls))
+    return x.unflatten(1, (nc, chunk)).permute(1, 0, 3, 2, 4)
+
+
+def to_chunks(x, chunk, scale=None, fn=None):
+    """``fn(scale * x)`` of ``x [N, Ls, H, D]`` as a batch of chunks ``[nc*N*H, chunk, D]`` (see chunk_view)."""
+    src = chunk_view(x, chunk)
+    if not _in_place():
         y = src * scale if scale is not None else src
         y = fn(y) if fn is not None else y
-        if nc * chunk != Ls:
-            y = F.pad(y, (0, 0, 0, nc * chunk - Ls), value=pad)
-        return y.reshape(N * H * nc, chunk, D)
-    out = x.new_empty(N * H * nc, chunk, D)
-    dst = out.view(N, H, nc * chunk, D)
+        return y.reshape(-1, chunk, x.shape[-1])
+    out = x.new_empty(src.shape)
     if fn is not None:
-        fn(src, out=dst[:, :, :Ls])
+        fn(src, out=out)
     elif scale is not None:
-        torch.mul(src, scale, out=dst[:, :, :Ls])
+        torch.mul(src, scale, out=out)
     else:
-        dst[:, :, :Ls].copy_(src)
-    dst[:, :, Ls:].fill_(pad)
-    return out
+        out.copy_(src)
+    return out.view(-1, chunk, x.shape[-1])
 
 
 def _scale_half(x, s, half, f):
@@ -89,7 +98,7 @@ def _scale_half(x, s, half, f):
     (``[B, C/2s, ...]``, broadcast over the block's rows): in place unless autograd is recording."""
     v = x.view(x.shape[0], -1, 2, s, *x.shape[2:])
     f = f.unsqueeze(2)
-    if not torch.is_grad_enabled():
+    if _in_place():
         v[:, :, half].mul_(f)
         return x
     parts = [v[:, :, 0], v[:, :, 1]]
@@ -111,11 +120,11 @@ def _next_level(tot, s):
 def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False) -> Intra:
     """The intra-chunk quantities of every chunk of a segment ``[N, Ls, H, D]`` (``keep``: also what the
     backward needs). Without ``keep`` every tensor is dropped as soon as it has been used."""
-    fast = not torch.is_grad_enabled()
+    fast = _in_place()
     N, Ls, H, K = k.shape
     nc = -(-Ls // chunk)
     B, C = N * H * nc, chunk
-    eg = to_chunks(g.to(gate_dtype), C, fn=torch.exp, pad=1.0)  # [B, C, Kg] exp(g) <= 1
+    eg = to_chunks(g.to(gate_dtype), C, fn=torch.exp)  # [B, C, Kg] exp(g) <= 1
     Kg = eg.shape[-1]
     if keep or not fast:
         k, v, b, w = (to_chunks(x, C) for x in (k, v, b, w))
@@ -123,28 +132,24 @@ def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False) -> Intra:
         wv = w * v
     else:  # straight from the inputs into chunk layout: no copies of b, v, w
         kq = k.new_empty(B, C, 2, K)
-        kqv = kq.view(N, H, nc * C, 2, K)
-        torch.mul(k.transpose(1, 2), b.transpose(1, 2), out=kqv[:, :, :Ls, 0])
-        kqv[:, :, :Ls, 1].copy_(q.transpose(1, 2))
-        kqv[:, :, Ls:].zero_()
+        kqv = kq.view(nc, N, H, C, 2, K)
+        torch.mul(chunk_view(k, C), chunk_view(b, C), out=kqv[..., 0, :])
+        kqv[..., 1, :].copy_(chunk_view(q, C))
         wv = v.new_empty(B, C, v.shape[-1])
-        wvv = wv.view(N, H, nc * C, -1)
-        torch.mul(w.transpose(1, 2), v.transpose(1, 2), out=wvv[:, :, :Ls])
-        wvv[:, :, Ls:].zero_()
+        torch.mul(chunk_view(w, C), chunk_view(v, C), out=wv.view(nc, N, H, C, -1))
         k = to_chunks(k, C)
-        del q, v, b, w, kqv, wvv
+        q = v = b = w = kqv = None
     cd = k.dtype
 
-    # Level 0, the diagonal: T_ii = 1, M_ii = q_i . k_i. ``tm`` holds T and M side by side as the diagonal
-    # blocks of the current level: [B, C/s, 2 (T, M), s, s].
-    qk = torch.bmm(kq[:, :, 1].reshape(B * C, 1, K), k.reshape(B * C, K, 1)).view(B, C)
-    tm = torch.stack([torch.ones_like(qk), qk], -1).view(B, C, 2, 1, 1)
-    del qk
+    # T and M side by side in one buffer [B, 2, C, C]; level 0 is their diagonal: T_ii = 1, M_ii = q_i . k_i.
+    tm = k.new_zeros(B, 2, C, C)
+    tm[:, 0].diagonal(dim1=1, dim2=2).fill_(1.0)
+    tm[:, 1].diagonal(dim1=1, dim2=2).copy_(
+        torch.bmm(kq[:, :, 1].reshape(B * C, 1, K), k.reshape(B * C, K, 1)).view(B, C))
     # Level 1: P_1 = exp(g) (rows), Q_1 = 1 (columns), T_1 = exp(g) (totals of 1-blocks).
     rows = kq * eg.unsqueeze(2) if (keep or not fast or cd != gate_dtype) else kq.mul_(eg.unsqueeze(2))
     cols = k.to(gate_dtype, copy=keep or not fast)
     tot = eg
-    zero = k.new_zeros(())
     s = 1
     while s < C:
         nb = C // (2 * s)
@@ -153,44 +158,50 @@ def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False) -> Intra:
         cv = cols.view(B, nb, 2, s, K)[:, :, 0].to(cd)
         x = torch.bmm(rv.reshape(B * nb, 2 * s, K), cv.reshape(B * nb, s, K).transpose(1, 2)).view(B, nb, s, 2, s)
         del rv, cv
-        tmv = tm.view(B, nb, 2, 2, s, s)  # [B, nb, half, T|M, s, s]
-        # the inverse of [[L0, 0], [X, L1]] is [[T0, 0], [-T1 X T0, T1]]
-        xt = torch.bmm(x[:, :, :, 0].reshape(B * nb, s, s), tmv[:, :, 0, 0].reshape(B * nb, s, s))
-        off = torch.baddbmm(xt, tmv[:, :, 1, 0].reshape(B * nb, s, s), xt, beta=0, alpha=-1).view(B, nb, s, s)
-        del xt
-        z = zero.expand(B, nb, s, s)
-        # [[d0, 0], [off, d1]] for T and M at once: pieces ordered (half row, half col, T|M)
-        pieces = torch.stack(
-            [tmv[:, :, 0, 0], tmv[:, :, 0, 1], z, z, off, x[:, :, :, 1], tmv[:, :, 1, 0], tmv[:, :, 1, 1]], 2
-        )
-        del tm, tmv, x, off
-        tm = pieces.view(B, nb, 2, 2, 2, s, s).permute(0, 1, 4, 2, 5, 3, 6).reshape(B, nb, 2, 2 * s, 2 * s)
-        del pieces
+        # the inverse of [[L0, 0], [X, L1]] is [[T0, 0], [-T1 X T0, T1]], T0 and T1 the diagonal s-blocks so far
+        diag = torch.diagonal(tm[:, 0].view(B, 2 * nb, s, 2 * nb, s), dim1=1, dim2=3)  # [B, s, s, 2nb]
+        tdiag = diag.permute(0, 3, 1, 2).contiguous().view(B, nb, 2, s, s)
+        xt = torch.bmm(x[:, :, :, 0].reshape(B * nb, s, s), tdiag[:, :, 0].reshape(B * nb, s, s))
+        off = torch.baddbmm(xt, tdiag[:, :, 1].reshape(B * nb, s, s), xt, beta=0, alpha=-1)
+        del xt, tdiag, diag
+        # write this level's blocks (second half's rows, first half's columns) of T and M
+        blocks = torch.diagonal(tm.view(B, 2, nb, 2 * s, nb, 2 * s), dim1=2, dim2=4)[:, :, s:, :s]  # [B, 2, s, s, nb]
+        blocks[:, 0].copy_(off.view(B, nb, s, s).permute(0, 2, 3, 1))
+        blocks[:, 1].copy_(x[:, :, :, 1].permute(0, 2, 3, 1))
+        del x, off, blocks
         # level 2s: second halves' rows gain the first half's total, first halves' columns the second half's
         ta, tb, tot = _next_level(tot, s)
         rows = _scale_half(rows, s, 1, ta.unsqueeze(-2))
         cols = _scale_half(cols, s, 0, tb)
         del ta, tb
         s *= 2
-    t, m = tm[:, 0, 0], tm[:, 0, 1]
-    del tm
+    t, m = tm[:, 0], tm[:, 1]
     e_total = tot.view(B, Kg).to(cd)
     kbe, qe = rows[:, :, 0].to(cd), rows[:, :, 1].to(cd)
     kh = cols.to(cd)
-    del rows, cols, tot
-
+    kept = {}
+    if keep:
+        kept = dict(t=t, m=m, kq=kq, k=k, v=v, b=b, w=w, eg=eg, kbe=kbe, qe=qe, wv=wv)
+    del cols, tot, rows, kq, q, k, v, b, w, eg
     ut = torch.bmm(t, wv)
+    del wv
     wt = torch.bmm(t, kbe)
+    del t, kbe
     qe_m = torch.baddbmm(qe, m, wt, alpha=-1)
+    del qe
     oi = torch.bmm(m, ut)
-    kht = kh.transpose(1, 2)
-    p = torch.baddbmm(zero.expand(B, K, K), kht, wt, beta=0, alpha=-1)
-    p.diagonal(dim1=1, dim2=2).add_(e_total)
-    hh = torch.bmm(kht, ut)
-    if not keep:
-        return Intra(oi, qe_m, p, hh)
-    return Intra(oi, qe_m, p, hh, t=t, m=m, kq=kq, k=k, v=v, b=b, w=w, eg=eg, kbe=kbe, qe=qe, kh=kh,
-                 e_total=e_total, wv=wv, ut=ut, wt=wt)
+    del m, tm
+    return Intra(oi, qe_m, kh=kh, ut=ut, wt=wt, e_total=e_total, **kept)
+
+
+def handoff(z: Intra, rows=slice(None)):
+    """``(P, Hh)`` of the chunks ``rows`` of the batch: ``S_end = P S0 + Hh``, ``P = Diag(e_total) - kh^T Wt``
+    ``[n, K, K]`` and ``Hh = kh^T Ut`` ``[n, K, V]``."""
+    kht = z.kh[rows].transpose(1, 2)
+    p = torch.baddbmm(kht.new_zeros(()).expand(kht.shape[0], kht.shape[1], kht.shape[1]), kht, z.wt[rows],
+                      beta=0, alpha=-1)
+    p.diagonal(dim1=1, dim2=2).add_(z.e_total[rows])
+    return p, torch.bmm(kht, z.ut[rows])
 
 
 # --- backward --------------------------------------------------------------------------------------
