@@ -224,10 +224,13 @@ class _ChunkedCore(torch.autograd.Function):
             del zc, p
             z.s0, z.y, z.do = s0.view(-1, K, V), ys.view(-1, K, V), do
             del s0, ys, do
-            for grad, d in zip(grads, bwd(z)):
+            d_chunks = list(bwd(z))
+            del z
+            for grad in grads:
+                d = d_chunks.pop(0)
                 if grad is not None:
                     _from_chunks(d, grad[:, t0 : t0 + Ls])
-            del z
+                del d
         dh0 = y.view(N, H, K, V) if ctx.needs_input_grad[7] else None
         return (None, *grads, dh0)
 
