@@ -3,6 +3,7 @@ extreme gates, for every op and flag, forward and every gradient."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -324,7 +325,26 @@ def test_a_broken_core_is_caught(monkeypatch):
 def test_bench_quick_runs():
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "chunked.py"), "--quick", "--device", "cpu"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "chunked fp64 fwd" in proc.stdout
+    for row in ("chunked fp64 fwd", "chunked fp64 fwd+bwd", "previous fp64 fwd+bwd", "oracle fp64 fwd"):
+        assert row in proc.stdout, row
+
+
+def test_gpu_size_memory_and_launches(tmp_path):
+    """At the GPU benchmark's size (N=4, T=4096, H=16, K=V=128, fp64), counted on the meta device by
+    ``bench/chunked.py --count``: the peak stays within the 3 GiB target forward and forward+backward (the
+    inputs' gradients included), and the kernel launches and bytes moved of this launch- and bandwidth-bound
+    work stay near what issue 17 brought them to (160 / 2144 kernels, 27 GB forward)."""
+    out = tmp_path / "count.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "chunked.py"), "--count", "--no-previous", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    counts = json.loads(out.read_text())["counts"]
+    fwd, both = counts["chunked fp64 fwd"], counts["chunked fp64 fwd+bwd"]
+    assert fwd["peak_bytes"] <= 3 * 2**30 and both["peak_bytes"] <= 3 * 2**30, (fwd, both)
+    assert fwd["kernels"] <= 200 and both["kernels"] <= 2500, (fwd, both)
+    assert fwd["bytes"] <= 30e9, fwd
