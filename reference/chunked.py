@@ -11,33 +11,36 @@ sums of log-decay ``[i..j] := sum_{j<t<=i} g_t`` (always <= 0, so every ``exp`` 
     A_ij = sum_c kb_ic k_jc exp([i..j]_c)   (j < i)        T = (I + A)^-1      (unit lower triangular)
     M_ij = sum_c q_ic  k_jc exp([i..j]_c)   (j <= i)
     U~ = T (w*v)        W~ = T (kb * exp([i..start]))     pseudo-values u_i = U~_i - W~_i^T S0
-    o  = M U~ + (q * exp([i..start]) - M W~) S0          (q pre-scaled by ``scale``)
+    o  = scale * (M U~ + (q * exp([i..start]) - M W~) S0)
     S1 = (Diag exp([end..start]) - k^^T W~) S0 + k^^T U~,   k^ = k * exp([end..j])
 
-Numerics (docs/ops.md, "The two reference methods"): nothing ever forms exp(-G). A and M are
-built by recursive halving of the chunk: at level s, the rows of the second half of each aligned 2s-block
-meet the columns of its first half through the anchor r = last row of the first half, so
-``exp([i..j]) = exp([i..r]) * exp([r..j])`` with both factors <= 1; the diagonal (s = 0) is exp(0) = 1.
-Every exponent is a direct cumulative sum over its own interval (never a difference of two prefix sums),
-so there is no cancellation either, and no pairwise ``[.., i, j, K]`` tensor exists at any level: the
-memory of each level is that of the inputs. T is inverted by the same recursion (block inversion of a
-unit lower triangular matrix), so the solve is batched matmuls too and works in any dtype.
+Numerics (docs/ops.md, "The two reference methods"): nothing ever forms exp(-G), nor a ratio or a
+difference of decays. A and M are built by recursive halving of the chunk: at level s, the rows of the second
+half of each aligned 2s-block meet the columns of its first half through the anchor r = last row of the first
+half, so ``exp([i..j]) = exp([i..r]) * exp([r..j])`` with both factors <= 1; the diagonal (s = 0) is exp(0) = 1.
+The factors of level 2s are those of level s times the sibling half's total decay, so each is a product of
+``exp(g_t) <= 1`` over exactly its own interval: no overflow, no cancellation, -inf is an exact 0. No pairwise
+``[.., i, j, K]`` tensor exists at any level: the memory of each level is that of the inputs. T is inverted
+by the same recursion (block inversion of a unit lower triangular matrix), so the solve is batched matmuls
+too and works in any dtype.
 
-Precision: fp64 inputs -> all fp64. Other float inputs (fp32, bf16, fp16) -> everything in that dtype
-except the log-gate interval sums and their ``exp`` (and, in the backward, the sums of their gradients),
-done in fp64 and then cast.
+Precision: fp64 inputs -> all fp64. Other float inputs (fp32, bf16, fp16) -> every matrix product and
+every other tensor in that dtype, except the decay factors (``exp(g)`` and their products), kept in fp64 and
+cast once where they scale a row of q, k or kb, and the backward's sums of log-decay gradients, in fp64.
 
 Gradients: under autograd the whole core is one ``torch.autograd.Function`` with a hand-written backward
 (``chunked_intra.intra_backward`` inside the chunks, the transposed state hand-off between them). The
-forward keeps only the inputs and the states at segment boundaries; the backward recomputes one segment's
-intra-chunk tensors at a time. Its gradients of the log-decay are, like the forward's exponents, direct
-sums over intervals. ``use_checkpoint=False`` instead lets autograd differentiate the forward as written
-(every intermediate kept): slower and bigger, and the independent check of the hand-written backward.
+forward keeps only the inputs and the states at the backward's segment boundaries; the backward recomputes
+one segment's intra-chunk tensors at a time. The gradient of a log-decay is the sum, over the decay factors
+whose interval holds it, of factor times gradient: direct sums over intervals, as the forward's products.
+``use_checkpoint=False`` instead lets autograd differentiate the forward as written (every intermediate
+kept): slower and bigger, and the independent check of the hand-written backward.
 
 Memory and speed: the sequence is processed in segments of whole chunks, sized from a byte budget so that a
 segment's working set stays bounded (the forward's segments are longer than the backward's, which hold
-more per token). On a GPU the work is bound by kernel launches more than by flops, so each segment's
-intra-chunk work is a fixed, small number of kernels, whatever its length.
+more per token). On a GPU the work is bound by kernel launches and memory traffic more than by flops, so a
+segment's intra-chunk work is a fixed number of kernels (about 100) whatever its length, written in place
+where autograd does not record.
 """
 
 from __future__ import annotations
@@ -50,13 +53,12 @@ import torch
 from .chunked_intra import handoff, intra_backward, intra_forward, to_chunks
 
 # Working-set targets, as bytes per activation-sized tensor of one segment (N*H*tokens*max(K, V)*itemsize):
-# a forward segment keeps about 20 such tensors alive at its peak, a backward segment about 30 (with the
-# inputs' gradients, which exist whole, on top). At N=4, H=16, K=V=128 in fp64 the forward runs 2048-token
-# segments and the backward 512-token ones (bench/chunked.py --count reports the peak).
+# a forward segment keeps about 7 such tensors alive at its peak (plus the output), a backward segment about
+# 25 (plus the output and the inputs' gradients, which exist whole). At N=4, H=16, K=V=128 in fp64 the forward
+# runs one 4096-token segment and the backward 512-token ones: peaks of 2.0 and 2.6 GiB, the latter with
+# 1.5 GiB of input gradients (bench/chunked.py --count).
 FORWARD_SEGMENT_BYTES = 256 * 2**20
 BACKWARD_SEGMENT_BYTES = 32 * 2**20
-# kept for callers of the earlier single budget
-DEFAULT_SEGMENT_BYTES = BACKWARD_SEGMENT_BYTES
 
 
 def _next_pow2(n: int) -> int:

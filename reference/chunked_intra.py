@@ -1,9 +1,10 @@
 """Inside the chunks: the WY/UT quantities of every chunk of a segment at once, and their hand-written backward.
 
 `reference/chunked.py` owns the algorithm's contract (its docstring states the math and the numerics) and the
-state hand-off between chunks; this module does the intra-chunk part on a batch of B chunks of C tokens (C a
-power of two): q and k ``[B, C, K]``, v ``[B, C, V]``, log-decay g ``[B, C, Kg]``, erase gate b ``[B, C, Kb]``,
-write gate w ``[B, C, Vw]`` (Kg, Kb in {1, K}; Vw in {1, V}: singleton gates broadcast).
+state hand-off between chunks; this module does the intra-chunk part of one segment ``[N, Ls, H, D]``, as a
+batch of B = nc*N*H chunks of C tokens (C a power of two, chunk-major: see :func:`chunk_view`): q and k
+``[B, C, K]``, v ``[B, C, V]``, log-decay g ``[B, C, Kg]``, erase gate b ``[B, C, Kb]``, write gate w
+``[B, C, Vw]`` (Kg, Kb in {1, K}; Vw in {1, V}: singleton gates broadcast).
 
 The decay factors of the recursive halving are built level by level as products of ``exp(g_t) <= 1``: with
 ``P_s`` (exp of the inclusive prefix sum inside each aligned s-block), ``Q_s`` (exp of the exclusive suffix
@@ -12,11 +13,14 @@ the columns of each first half, and level 2s follows by one multiplication of ha
 half's P by the first half's total, the first half's Q by the second half's total). Scaled rows and columns
 are kept in the gate dtype (fp64) and updated the same way; after the last level they are exactly
 ``kb*exp([i..start])``, ``q*exp([i..start])`` and ``k*exp([end..j])``. Every factor is a product of numbers
-<= 1 (a tree of depth log2(C)): nothing overflows and nothing is a ratio or a difference.
+<= 1 (a tree of depth log2(C)): nothing overflows and nothing is a ratio or a difference. T and M are built
+together in one buffer, each level's off-diagonal blocks written through diagonal views, with one matmul for
+both blocks of a level: the kernels per segment do not depend on its length.
 
 The forward is plain differentiable PyTorch (``chunked_gdn2(use_checkpoint=False)`` lets autograd run
-through it, which is how the tests check :func:`intra_backward`); when autograd is not recording it writes
-in place and into preallocated buffers, which is the same arithmetic with fewer passes over memory.
+through it, which is how the tests check :func:`intra_backward`); when autograd is not recording (and
+torch.compile is not tracing) it writes in place and into preallocated buffers: the same arithmetic with
+fewer passes over memory. The backward always runs in place.
 """
 
 from __future__ import annotations
