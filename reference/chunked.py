@@ -24,9 +24,10 @@ The factors of level 2s are those of level s times the sibling half's total deca
 by the same recursion (block inversion of a unit lower triangular matrix), so the solve is batched matmuls
 too and works in any dtype.
 
-Precision: fp64 inputs -> all fp64. Other float inputs (fp32, bf16, fp16) -> every matrix product and
-every other tensor in that dtype, except the decay factors (``exp(g)`` and their products), kept in fp64 and
-cast once where they scale a row of q, k or kb, and the backward's sums of log-decay gradients, in fp64.
+Precision: fp64 inputs -> all fp64 (the scale applied to the output, in its matmul). Other float inputs
+(fp32, bf16, fp16: the baseline) -> as a plain implementation in that dtype: q scaled first, every matrix
+product and every other tensor in that dtype, except the decay factors (``exp(g)`` and their products) and
+the backward's sums of log-decay gradients, kept in fp64; the factors are cast before they multiply a row.
 
 Gradients: under autograd the whole core is one ``torch.autograd.Function`` with a hand-written backward
 (``chunked_intra.intra_backward`` inside the chunks, the transposed state hand-off between them). The
@@ -67,7 +68,8 @@ def _next_pow2(n: int) -> int:
 
 @dataclass(frozen=True)
 class _Plan:
-    scale: float
+    q_scale: float | None  # scale applied to q (other dtypes: as a plain implementation does)
+    out_scale: float  # scale applied to the output (fp64: exactly, in the output's matmul)
     chunk: int
     fwd_tokens: int  # forward segment length (a multiple of bwd_tokens)
     bwd_tokens: int  # backward segment length (a multiple of chunk)
@@ -111,16 +113,23 @@ def _intra(fn, plan: _Plan):
 # --- layout, state hand-off ----------------------------------------------------------------------
 
 
-def _from_chunks(src, dst):
-    """Write chunk-major ``src [nc*N*H, C, D]`` into ``dst [N, Ls, H, D]`` (its first Ls tokens)."""
+def _from_chunks(src, dst, scale=None):
+    """Write (``scale`` times) chunk-major ``src [nc*N*H, C, D]`` into ``dst [N, Ls, H, D]`` (its first Ls
+    tokens)."""
     N, Ls, H, D = dst.shape
     C = src.shape[1]
     src = src.view(-1, N, H, C, D)
     full, tail = divmod(Ls, C)
+    pieces = []
     if full:
-        dst[:, : full * C].unflatten(1, (full, C)).copy_(src[:full].permute(1, 0, 3, 2, 4))
+        pieces.append((dst[:, : full * C].unflatten(1, (full, C)), src[:full].permute(1, 0, 3, 2, 4)))
     if tail:
-        dst[:, full * C :].copy_(src[full, :, :, :tail].transpose(1, 2))
+        pieces.append((dst[:, full * C :], src[full, :, :, :tail].transpose(1, 2)))
+    for d, s_ in pieces:
+        if scale is None:
+            d.copy_(s_)
+        else:
+            torch.mul(s_, scale, out=d)
 
 
 def _states(p, hh, s):
@@ -161,7 +170,7 @@ def _forward(plan: _Plan, ins, h0, keep_every=None):
     for t0 in range(0, L, plan.fwd_tokens):
         Ls = min(plan.fwd_tokens, L - t0)
         nc = -(-Ls // C)
-        z = fwd(*(x[:, t0 : t0 + Ls] for x in ins), C, torch.float64)
+        z = fwd(*(x[:, t0 : t0 + Ls] for x in ins), C, torch.float64, q_scale=plan.q_scale)
         step = -(-nc // HANDOFF_SLICES)
         for c0 in range(0, nc, step):
             c1 = min(nc, c0 + step)
@@ -171,7 +180,8 @@ def _forward(plan: _Plan, ins, h0, keep_every=None):
             del p, hh
             if keep_every is not None:
                 kept += [s0[c - c0].clone() for c in range(c0, c1) if (t0 + c * C) % keep_every == 0]
-            o = torch.baddbmm(z.oi[rows], z.qe_m[rows], s0.view(-1, K, V), beta=plan.scale, alpha=plan.scale)
+            o = torch.baddbmm(z.oi[rows], z.qe_m[rows], s0.view(-1, K, V), beta=plan.out_scale,
+                              alpha=plan.out_scale)
             del s0
             _from_chunks(o, out[:, t0 + c0 * C : t0 + min(c1 * C, Ls)])
             del o
@@ -209,12 +219,13 @@ class _ChunkedCore(torch.autograd.Function):
         for seg, t0 in reversed(list(enumerate(starts))):
             Ls = min(plan.bwd_tokens, L - t0)
             nc = -(-Ls // C)
-            z = fwd(*(x[:, t0 : t0 + Ls] for x in ins), C, torch.float64, keep=True)
+            z = fwd(*(x[:, t0 : t0 + Ls] for x in ins), C, torch.float64, keep=True, q_scale=plan.q_scale)
             p, hh = handoff(z)
             p = p.view(nc, NH, K, K)
             s0, _ = _states(p, hh.view(nc, NH, K, V), kept[seg])
             del hh
-            do = to_chunks(d_out[:, t0 : t0 + Ls], C, plan.scale)  # the gradient of oi + qe_m S0
+            out_scale = plan.out_scale if plan.out_scale != 1.0 else None
+            do = to_chunks(d_out[:, t0 : t0 + Ls], C, out_scale)  # the gradient of oi + qe_m S0
             # the state's gradient runs backwards: dS0 = P^T y + Qe_m^T do, y the gradient of the end state
             zc = torch.bmm(z.qe_m.transpose(1, 2), do).view(nc, NH, K, V)
             z.qe_m = z.oi = None
@@ -228,10 +239,10 @@ class _ChunkedCore(torch.autograd.Function):
             del s0, ys, do
             d_chunks = list(bwd(z))
             del z
-            for grad in grads:
+            for i, grad in enumerate(grads):
                 d = d_chunks.pop(0)
                 if grad is not None:
-                    _from_chunks(d, grad[:, t0 : t0 + Ls])
+                    _from_chunks(d, grad[:, t0 : t0 + Ls], plan.q_scale if i == 0 else None)
                 del d
         dh0 = y.view(N, H, K, V) if ctx.needs_input_grad[7] else None
         return (None, *grads, dh0)
@@ -288,7 +299,10 @@ def chunked_gdn2(
 
     bwd_tokens = tokens(BACKWARD_SEGMENT_BYTES)
     fwd_tokens = max(bwd_tokens, (tokens(FORWARD_SEGMENT_BYTES) // bwd_tokens) * bwd_tokens)
-    plan = _Plan(float(scale), chunk, fwd_tokens, bwd_tokens, bool(compile_intra))
+    # fp64 applies the scale to the output, exactly; other dtypes scale q first, as a plain implementation
+    exact = dtype == torch.float64
+    plan = _Plan(None if exact else float(scale), float(scale) if exact else 1.0, chunk, fwd_tokens, bwd_tokens,
+                 bool(compile_intra))
     grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, g, b, w, h0))
     if grad and use_checkpoint is not False:
         return _ChunkedCore.apply(plan, q, k, v, g, b, w, h0)

@@ -51,7 +51,6 @@ class Intra:
     w: torch.Tensor | None = None
     eg: torch.Tensor | None = None  # exp(g) in the gate dtype [B, C, Kg]
     kbe: torch.Tensor | None = None  # kb * exp([i..start]) [B, C, K]
-    qe: torch.Tensor | None = None  # q * exp([i..start]) [B, C, K]
     wv: torch.Tensor | None = None  # w * v [B, C, V]
     # set by the caller for the backward: per chunk, the start state, the end state's gradient, scale * dO
     s0: torch.Tensor | None = None
@@ -110,6 +109,11 @@ def _scale_half(x, s, half, f):
     return torch.stack(parts, 2).view(x.shape)
 
 
+def _first_half(x, s, half=0):
+    """Rows of the ``half`` (0 or 1) s-block of every aligned 2s-block of ``x [B, C, ...]``: ``[B, C/2s, s, ...]``."""
+    return x.view(x.shape[0], -1, 2, s, *x.shape[2:])[:, :, half]
+
+
 def _next_level(tot, s):
     """The block totals of level 2s from those of level s ``[B, C/s, Kg]``: (first halves', second halves',
     their products)."""
@@ -121,9 +125,14 @@ def _next_level(tot, s):
 # --- forward ---------------------------------------------------------------------------------------
 
 
-def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False) -> Intra:
+def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False, q_scale=None) -> Intra:
     """The intra-chunk quantities of every chunk of a segment ``[N, Ls, H, D]`` (``keep``: also what the
-    backward needs). Without ``keep`` every tensor is dropped as soon as it has been used."""
+    backward needs; ``q_scale``: q's factor, applied to q here). Without ``keep`` every tensor is dropped as
+    soon as it has been used.
+
+    In the gate dtype (fp64) the rows and columns are scaled once and their scaling updated level by level;
+    in any other dtype, as a plain implementation in that dtype does it, the fp64 decay factors are updated
+    and cast, and each level multiplies them into the rows and columns in that dtype."""
     fast = _in_place()
     N, Ls, H, K = k.shape
     nc = -(-Ls // chunk)
@@ -132,13 +141,16 @@ def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False) -> Intra:
     Kg = eg.shape[-1]
     if keep or not fast:
         k, v, b, w = (to_chunks(x, C) for x in (k, v, b, w))
-        kq = torch.stack([k * b, to_chunks(q, C)], 2)
+        kq = torch.stack([k * b, to_chunks(q, C, q_scale)], 2)
         wv = w * v
     else:  # straight from the inputs into chunk layout: no copies of b, v, w
         kq = k.new_empty(B, C, 2, K)
         kqv = kq.view(nc, N, H, C, 2, K)
         torch.mul(chunk_view(k, C), chunk_view(b, C), out=kqv[..., 0, :])
-        kqv[..., 1, :].copy_(chunk_view(q, C))
+        if q_scale is None:
+            kqv[..., 1, :].copy_(chunk_view(q, C))
+        else:
+            torch.mul(chunk_view(q, C), q_scale, out=kqv[..., 1, :])
         wv = v.new_empty(B, C, v.shape[-1])
         torch.mul(chunk_view(w, C), chunk_view(v, C), out=wv.view(nc, N, H, C, -1))
         k = to_chunks(k, C)
@@ -148,18 +160,30 @@ def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False) -> Intra:
     # T and M side by side in one buffer [B, 2, C, C]; level 0 is their diagonal: T_ii = 1, M_ii = q_i . k_i.
     tm = k.new_zeros(B, 2, C, C)
     tm[:, 0].diagonal(dim1=1, dim2=2).fill_(1.0)
-    tm[:, 1].diagonal(dim1=1, dim2=2).copy_(
-        torch.bmm(kq[:, :, 1].reshape(B * C, 1, K), k.reshape(B * C, K, 1)).view(B, C))
-    # Level 1: P_1 = exp(g) (rows), Q_1 = 1 (columns), T_1 = exp(g) (totals of 1-blocks).
-    rows = kq * eg.unsqueeze(2) if (keep or not fast or cd != gate_dtype) else kq.mul_(eg.unsqueeze(2))
-    cols = k.to(gate_dtype, copy=keep or not fast)
+    if cd == gate_dtype:
+        qk = torch.bmm(kq[:, :, 1].reshape(B * C, 1, K), k.reshape(B * C, K, 1)).view(B, C)
+    else:  # as a plain implementation: products rounded to the dtype, then summed
+        qk = (kq[:, :, 1] * k).sum(-1)
+    tm[:, 1].diagonal(dim1=1, dim2=2).copy_(qk)
+    del qk
+    # Level 1: P_1 = exp(g) (rows), Q_1 = 1 (columns), T_1 = exp(g) (totals of 1-blocks). ``rows`` and
+    # ``cols`` hold the scaled rows and columns (gate dtype) or the factors P and Q (any other dtype).
+    scaled = cd == gate_dtype
+    if scaled:
+        rows = kq.mul_(eg.unsqueeze(2)) if fast and not keep else kq * eg.unsqueeze(2)
+        cols = k.clone() if keep or not fast else k
+    else:
+        rows, cols = eg.clone(), torch.ones_like(eg)
     tot = eg
     s = 1
     while s < C:
         nb = C // (2 * s)
         # the A and M blocks of this level in one matmul: rows (i in a second half, A|M), columns j in a first half
-        rv = rows.view(B, nb, 2, s, 2, K)[:, :, 1].to(cd)
-        cv = cols.view(B, nb, 2, s, K)[:, :, 0].to(cd)
+        if scaled:
+            rv, cv = _first_half(rows, s, 1), _first_half(cols, s)
+        else:
+            rv = _first_half(kq, s, 1) * _first_half(rows, s, 1).to(cd).unsqueeze(-2)
+            cv = _first_half(k, s) * _first_half(cols, s).to(cd)
         x = torch.bmm(rv.reshape(B * nb, 2 * s, K), cv.reshape(B * nb, s, K).transpose(1, 2)).view(B, nb, s, 2, s)
         del rv, cv
         # the inverse of [[L0, 0], [X, L1]] is [[T0, 0], [-T1 X T0, T1]], T0 and T1 the diagonal s-blocks so far
@@ -175,17 +199,21 @@ def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False) -> Intra:
         del x, off, blocks
         # level 2s: second halves' rows gain the first half's total, first halves' columns the second half's
         ta, tb, tot = _next_level(tot, s)
-        rows = _scale_half(rows, s, 1, ta.unsqueeze(-2))
+        rows = _scale_half(rows, s, 1, ta.unsqueeze(-2) if scaled else ta)
         cols = _scale_half(cols, s, 0, tb)
         del ta, tb
         s *= 2
     t, m = tm[:, 0], tm[:, 1]
     e_total = tot.view(B, Kg).to(cd)
-    kbe, qe = rows[:, :, 0].to(cd), rows[:, :, 1].to(cd)
-    kh = cols.to(cd)
+    if scaled:
+        kbe, qe, kh = rows[:, :, 0], rows[:, :, 1], cols
+    else:
+        e_start = rows.to(cd)
+        kbe, qe, kh = kq[:, :, 0] * e_start, kq[:, :, 1] * e_start, k * cols.to(cd)
+        del e_start
     kept = {}
     if keep:
-        kept = dict(t=t, m=m, kq=kq, k=k, v=v, b=b, w=w, eg=eg, kbe=kbe, qe=qe, wv=wv)
+        kept = dict(t=t, m=m, kq=kq, k=k, v=v, b=b, w=w, eg=eg, kbe=kbe, wv=wv)
     del cols, tot, rows, kq, q, k, v, b, w, eg
     ut = torch.bmm(t, wv)
     del wv
@@ -202,9 +230,12 @@ def handoff(z: Intra, rows=slice(None)):
     """``(P, Hh)`` of the chunks ``rows`` of the batch: ``S_end = P S0 + Hh``, ``P = Diag(e_total) - kh^T Wt``
     ``[n, K, K]`` and ``Hh = kh^T Ut`` ``[n, K, V]``."""
     kht = z.kh[rows].transpose(1, 2)
-    p = torch.baddbmm(kht.new_zeros(()).expand(kht.shape[0], kht.shape[1], kht.shape[1]), kht, z.wt[rows],
-                      beta=0, alpha=-1)
-    p.diagonal(dim1=1, dim2=2).add_(z.e_total[rows])
+    n, K = kht.shape[:2]
+    if kht.dtype == torch.float64:
+        p = torch.baddbmm(kht.new_zeros(()).expand(n, K, K), kht, z.wt[rows], beta=0, alpha=-1)
+        p.diagonal(dim1=1, dim2=2).add_(z.e_total[rows])
+    else:  # the diagonal rounded once with the product, as a plain implementation
+        p = torch.baddbmm(torch.diag_embed(z.e_total[rows].expand(n, K)), kht, z.wt[rows], alpha=-1)
     return p, torch.bmm(kht, z.ut[rows])
 
 
@@ -266,17 +297,6 @@ def intra_backward(z: Intra):
     z.v = z.w = None
     del dwv
 
-    # The whole-chunk factors: exp([i..start]) scales kb and q (and its last row is exp([end..start])), an
-    # inclusive prefix -> suffix sums, accumulated reversed in ``dgr``; exp([end..j]) scales k, an exclusive
-    # suffix -> exclusive prefix sums in ``dgn``.
-    lam = _sum_to(torch.addcmul(dqe * z.qe, dkbe, z.kbe), Kg).to(gd)
-    lam[:, -1].add_(_sum_to(de_total * z.e_total, Kg).to(gd))
-    dgr = lam.flip(1).cumsum(1)
-    lam = _sum_to(dkh * z.kh, Kg).to(gd)
-    dgn = torch.zeros_like(dgr)
-    dgn[:, 1:] = lam[:, : C - 1].cumsum(1)
-    del lam, de_total
-    z.qe = z.kbe = z.kh = z.e_total = None
     dmd = torch.diagonal(dm, dim1=1, dim2=2).unsqueeze(-1)  # M_ii = q_i . k_i
     dkq = torch.zeros_like(kq)  # (kb, q) rows
     dkq[:, :, 1] = dmd * k
@@ -284,7 +304,11 @@ def intra_backward(z: Intra):
     del dm, dmd
 
     # The levels, bottom-up, with their factors rebuilt as in the forward: P (prefixes) on the rows of
-    # second halves, Q (suffixes) on the columns of first halves, ``tot`` the blocks' totals.
+    # second halves, Q (suffixes) on the columns of first halves, ``tot`` the blocks' totals. Every factor's
+    # log-adjoint (its gradient times itself, in the gate dtype) goes to the g_t of its interval: suffix sums
+    # (accumulated reversed, in ``dgr``) for the prefixes, exclusive prefix sums (``dgn``) for the suffixes.
+    dgr = torch.zeros(B, C, Kg, dtype=gd, device=k.device)
+    dgn = torch.zeros_like(dgr)
     tot = z.eg
     pf = tot.clone()
     qf = torch.ones_like(tot)
@@ -292,38 +316,53 @@ def intra_backward(z: Intra):
     s = 1
     while s < C:
         nb = C // (2 * s)
-        e_row = pf.view(B, nb, 2, s, Kg)[:, :, 1].unsqueeze(-2)  # [B, nb, s, 1, Kg]
-        e_col = qf.view(B, nb, 2, s, Kg)[:, :, 0]
-        rows = (kq.view(B, nb, 2, s, 2, K)[:, :, 1] * e_row).to(cd)
-        kc = (k.view(B, nb, 2, s, K)[:, :, 0] * e_col).to(cd)
+        e_row = _first_half(pf, s, 1).unsqueeze(-2)  # [B, nb, s, 1, Kg]
+        e_col = _first_half(qf, s)
+        e_row_cd, e_col_cd = e_row.to(cd), e_col.to(cd)
+        base, k0 = _first_half(kq, s, 1), _first_half(k, s)
+        rows, kc = base * e_row_cd, k0 * e_col_cd
         # this level's blocks of dA and dM: rows (i, A|M) of the second half, columns j of the first half
         dx = dam.as_strided((B, nb, s, 2, s), (2 * C * C, 4 * s * C + 2 * s, 2 * C, C, 1),
                             dam.storage_offset() + 2 * s * C).reshape(B * nb, 2 * s, s)
         dr = torch.bmm(dx, kc.view(B * nb, s, K)).view(B, nb, s, 2, K)
         dkc = torch.bmm(dx.transpose(1, 2), rows.view(B * nb, 2 * s, K)).view(B, nb, s, K)
         del dx
-        dkq.view(B, nb, 2, s, 2, K)[:, :, 1].addcmul_(dr, e_row)
-        dk.view(B, nb, 2, s, K)[:, :, 0].addcmul_(dkc, e_col)
-        # exp([i..r]) of a second half's row i: each g_t there gets the suffix sum from t
-        lam = torch.addcmul(dr[:, :, :, 0] * rows[:, :, :, 0], dr[:, :, :, 1], rows[:, :, :, 1])
-        lam = _sum_to(lam, Kg).to(gd)
-        dgr.view(B, nb, 2, s, Kg)[:, :, 0].add_(lam.flip((1, 2)).cumsum(2))
-        del dr, rows
+        _first_half(dkq, s, 1).addcmul_(dr, e_row_cd)
+        _first_half(dk, s).addcmul_(dkc, e_col_cd)
+        # exp([i..r]) of a second half's row i: each g_t there gets the suffix sum from t. In the gate dtype
+        # the scaled rows give the log-adjoint at once; otherwise the gradient of the cast factor, as autograd
+        # of a plain implementation forms it, times the factor.
+        if cd == gd:
+            lam = _sum_to(torch.addcmul(dr[:, :, :, 0] * rows[:, :, :, 0], dr[:, :, :, 1], rows[:, :, :, 1]), Kg)
+        else:
+            lam = torch.addcmul(dr[:, :, :, 0] * base[:, :, :, 0], dr[:, :, :, 1], base[:, :, :, 1])
+            lam = _sum_to(lam, Kg).to(gd) * e_row.squeeze(-2)
+        _first_half(dgr, s).add_(lam.flip((1, 2)).cumsum(2))
+        del dr, base, rows
         if s > 1:  # exp([r..j]) of a first half's column j: each g_t there gets the prefix sum before t
-            lam = _sum_to(dkc * kc, Kg).to(gd)
-            dgn.view(B, nb, 2, s, Kg)[:, :, 0, 1:].add_(lam[:, :, : s - 1].cumsum(2))
-        del lam, dkc, kc, e_row, e_col
+            lam = _sum_to(dkc * kc, Kg) if cd == gd else _sum_to(dkc * k0, Kg).to(gd) * e_col
+            _first_half(dgn, s)[:, :, 1:].add_(lam[:, :, : s - 1].cumsum(2))
+        del lam, dkc, kc, k0, e_row, e_col, e_row_cd, e_col_cd
         ta, tb, tot = _next_level(tot, s)
         pf = _scale_half(pf, s, 1, ta)
         qf = _scale_half(qf, s, 0, tb)
         del ta, tb
         s *= 2
-    del dam, tot
-    # pf, qf now hold exp([i..start]) and exp([end..j])
-    dkb = torch.addcmul(dkq[:, :, 0], dkbe, pf)
-    dq = torch.addcmul(dkq[:, :, 1], dqe, pf)
+    del dam
+    # pf, qf, tot now hold exp([i..start]), exp([end..j]) and exp([end..start]). exp([i..start]) scales kb and
+    # q, and its last row is exp([end..start]): suffix sums; exp([end..j]) scales k: exclusive prefix sums.
+    lam = _sum_to(torch.addcmul(dqe * kq[:, :, 1], dkbe, kq[:, :, 0]), Kg).to(gd) * pf
+    lam[:, -1].add_(_sum_to(de_total.to(gd), Kg) * tot.view(B, Kg))
+    dgr.add_(lam.flip(1).cumsum(1))
+    lam = _sum_to(dkh * k, Kg).to(gd) * qf
+    dgn[:, 1:].add_(lam[:, : C - 1].cumsum(1))
+    del lam, de_total, tot
+    e_start, e_end = pf.to(cd), qf.to(cd)
+    del pf, qf
+    dkb = torch.addcmul(dkq[:, :, 0], dkbe, e_start)
+    dq = torch.addcmul(dkq[:, :, 1], dqe, e_start)
     del dkq, dkbe, dqe
-    dk.addcmul_(dkh, qf)
+    dk.addcmul_(dkh, e_end)
     dk.addcmul_(dkb, b)
     db = _sum_to(dkb * k, b.shape[-1])
     z.kq = z.k = z.b = None
