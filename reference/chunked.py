@@ -118,7 +118,7 @@ def _from_chunks(src, dst, scale=None):
     tokens)."""
     N, Ls, H, D = dst.shape
     C = src.shape[1]
-    src = src.view(-1, N, H, C, D)
+    src = src.reshape(-1, N, H, C, D)
     full, tail = divmod(Ls, C)
     pieces = []
     if full:
@@ -278,8 +278,9 @@ def chunked_gdn2(
     ``FORWARD_SEGMENT_BYTES`` / ``BACKWARD_SEGMENT_BYTES``. Under autograd the default (``use_checkpoint``
     None or True) is the hand-written backward that recomputes one segment at a time; ``False`` lets
     autograd differentiate the forward as written, keeping every intermediate. ``compile_intra`` runs the
-    intra-chunk work through ``torch.compile`` (fuses its elementwise passes on the GPU; the first call
-    compiles; without a working compiler it warns and runs eagerly).
+    forward's intra-chunk work (also recomputed by the backward) through ``torch.compile``, which fuses its
+    elementwise passes; the first call of each shape compiles; where it cannot compile it warns once and
+    runs eagerly.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size: expected >= 1, got {chunk_size}")

@@ -156,11 +156,12 @@ def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False, q_scale=None)
         k = to_chunks(k, C)
         q = v = b = w = kqv = None
     cd = k.dtype
+    scaled = cd == gate_dtype
 
     # T and M side by side in one buffer [B, 2, C, C]; level 0 is their diagonal: T_ii = 1, M_ii = q_i . k_i.
     tm = k.new_zeros(B, 2, C, C)
     tm[:, 0].diagonal(dim1=1, dim2=2).fill_(1.0)
-    if cd == gate_dtype:
+    if scaled:
         qk = torch.bmm(kq[:, :, 1].reshape(B * C, 1, K), k.reshape(B * C, K, 1)).view(B, C)
     else:  # as a plain implementation: products rounded to the dtype, then summed
         qk = (kq[:, :, 1] * k).sum(-1)
@@ -168,7 +169,6 @@ def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False, q_scale=None)
     del qk
     # Level 1: P_1 = exp(g) (rows), Q_1 = 1 (columns), T_1 = exp(g) (totals of 1-blocks). ``rows`` and
     # ``cols`` hold the scaled rows and columns (gate dtype) or the factors P and Q (any other dtype).
-    scaled = cd == gate_dtype
     if scaled:
         rows = kq.mul_(eg.unsqueeze(2)) if fast and not keep else kq * eg.unsqueeze(2)
         cols = k.clone() if keep or not fast else k
@@ -231,7 +231,7 @@ def handoff(z: Intra, rows=slice(None)):
     ``[n, K, K]`` and ``Hh = kh^T Ut`` ``[n, K, V]``."""
     kht = z.kh[rows].transpose(1, 2)
     n, K = kht.shape[:2]
-    if kht.dtype == torch.float64:
+    if kht.dtype == torch.float64:  # the gate dtype: the diagonal added exactly afterwards
         p = torch.baddbmm(kht.new_zeros(()).expand(n, K, K), kht, z.wt[rows], beta=0, alpha=-1)
         p.diagonal(dim1=1, dim2=2).add_(z.e_total[rows])
     else:  # the diagonal rounded once with the product, as a plain implementation
