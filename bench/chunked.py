@@ -1,6 +1,7 @@
 """Benchmark of the chunked reference (issues 3 and 17), side by side with FLA's fused ``chunk_gdn2``.
 
     python bench/chunked.py [--device cuda|cpu] [--json OUT] [--quick] [--count] [--compile] [--no-previous]
+                            [--no-graph] [--threads N] [--N .. --T .. --H .. --K .. --V ..] [--profile]
 
 On CUDA (default when available) it times, at N=4 T=4096 H=16 K=V=128 unless told otherwise: chunked fp64
 forward, chunked fp32 forward, chunked fp64 forward+backward, the same for the previous implementation
@@ -9,7 +10,8 @@ imports, FLA's bf16 ``chunk_gdn2`` forward and forward+backward. It prints media
 warm-ups), the peak memory above what was allocated before (forward+backward: including the inputs'
 gradients, which it frees first), and the ratios to FLA against the targets (fwd <= 10x, fwd+bwd <= 15x,
 peak <= 3 GiB). ``--compile`` adds rows with ``compile_intra=True`` (torch.compile; falls back to eager with a
-warning where it cannot compile). On the CPU it runs a CPU-sized case and reports the speedup over the token
+warning where it cannot compile). Last, as a diagnostic, each forward replayed from a CUDA graph (the same
+kernels without the CPU's launch overhead; ``--no-graph`` skips it). On the CPU it runs a CPU-sized case and reports the speedup over the token
 oracle. ``--quick`` is a seconds-long CPU smoke run. ``--count`` runs nothing: it counts kernels, bytes
 moved and the peak of live tensors on the ``meta`` device at the size (default the GPU size), for the
 current and the previous implementation (bench/opcount.py). Nothing missing (FLA, CUDA, a compiler) and no
@@ -145,6 +147,8 @@ def parse(argv):
                    help="use_checkpoint=False: autograd through the forward, every intermediate kept")
     p.add_argument("--compile", action="store_true", help="also time chunked_gdn2(compile_intra=True) (torch.compile)")
     p.add_argument("--no-previous", action="store_true", help="skip the previous implementation")
+    p.add_argument("--no-graph", action="store_true",
+                   help="skip the CUDA-graph rows (forward replayed without launch overhead, a diagnostic)")
     p.add_argument("--profile", action="store_true", help="print torch.profiler's top ops of one fp64 fwd and fwd+bwd")
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--reps", type=int, default=None)
@@ -224,6 +228,20 @@ def main(argv=None):
             if device.type == "cuda":
                 torch.cuda.empty_cache()
 
+    def graph_row(name, fn):
+        """``fn`` replayed from a CUDA graph: the forward's time without launch overhead (a diagnostic)."""
+        try:
+            replay = common.cuda_graph(fn)
+        except Exception as e:  # noqa: BLE001 - report and keep going
+            rows[name] = {"error": f"{type(e).__name__}: {e}"}
+            traceback.print_exc(limit=3)
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+            return
+        record(name, replay, mem=False)
+        del replay
+        torch.cuda.empty_cache()
+
     outputs = {}
     for vname, core in cores.items():
         with torch.no_grad():
@@ -270,8 +288,15 @@ def main(argv=None):
         record("oracle fp64 fwd+bwd", ostep, mem=False)
 
     fla(a, results, x, device, scale, record, do64, ds64, outputs.get("chunked"))
+    # last: a capture that goes wrong must not take the other rows' numbers with it
+    if device.type == "cuda" and not a.no_graph:
+        for vname, core in cores.items():
+            if "compiled" not in vname:
+                with torch.no_grad():
+                    graph_row(f"{vname} fp64 fwd (CUDA graph)", lambda core=core: core(*inputs64, scale))
     table(results, device)
-    errors = [n for n, r in rows.items() if "error" in r and n.startswith("chunked") and "compiled" not in n]
+    errors = [n for n, r in rows.items()
+              if "error" in r and n.startswith("chunked") and "compiled" not in n and "graph" not in n]
     return finish(a, results, errors)
 
 
