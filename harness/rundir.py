@@ -8,6 +8,7 @@ the same records.
 
 from __future__ import annotations
 
+import json
 import secrets
 import shlex
 import subprocess
@@ -122,7 +123,8 @@ def selection_difference(header: dict, backend_specs: list[str], extra: dict, ca
         differences.append(f"cases: {extra.get('cases')} selected, the run holds {header['cases']}")
     if isinstance(header.get("backends"), list) and set(header["backends"]) != set(backend_specs):
         differences.append(f"backends: {', '.join(backend_specs)} (the run's: {', '.join(header['backends'])})")
-    theirs_opts, ours_opts = header.get("options"), extra.get("options") or {}
+    # ours as the header holds them: through JSON, where a tuple (RunOptions.known_issues) became a list
+    theirs_opts, ours_opts = header.get("options"), json.loads(json.dumps(extra.get("options") or {}))
     if isinstance(theirs_opts, dict):
         changed = [f"{k} {ours_opts[k]!r} (the run's: {theirs_opts[k]!r})" for k in sorted(ours_opts)
                    if k in theirs_opts and theirs_opts[k] != ours_opts[k]]
