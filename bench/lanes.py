@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,9 +41,16 @@ def _pass(name: str, args, cache: Path, out: Path) -> dict:
     if args.task_timeout:
         argv += ["--task-timeout", str(args.task_timeout)]
     t0 = time.monotonic()
+    proc = subprocess.Popen(argv, env=env)
     try:
-        code = subprocess.run(argv, env=env, timeout=args.timeout).returncode
+        code = proc.wait(timeout=args.timeout)
     except subprocess.TimeoutExpired:
+        # SIGTERM ends a run the way a CI timeout does: every judged check kept, workers stopped, files folded
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
         code = "timeout"
     wall = time.monotonic() - t0
     run_dir = max(root.glob("*/"), default=None, key=lambda p: p.name)

@@ -31,6 +31,9 @@ def pytest_addoption(parser):
     group.addoption("--dc-op", action="append", default=None, choices=OPS, help="only this op (repeatable)")
     group.addoption("--dc-k", default=None, help="expression over case ids applied when generating the matrix")
     group.addoption("--dc-limit", type=int, default=0, help="at most this many cases")
+    group.addoption("--dc-shard", default=None, type=_shard, metavar="I/N",
+                    help="only shard I of N (1 <= I <= N) of the matrix (after --dc-limit): the cases `deltacheck "
+                         "list --shard I/N` prints, every backend's task of a case in the case's shard (docs/ci.md)")
     group.addoption("--dc-reference", default="auto", choices=["auto", "oracle", "chunked"])
     group.addoption("--dc-device", default=None, help="torch device (default: cuda if available, else cpu)")
     group.addoption("--dc-out", default=None, metavar="DIR",
@@ -38,6 +41,17 @@ def pytest_addoption(parser):
                          "`deltacheck report` and `deltacheck compare` work on pytest runs")
     group.addoption("--dc-no-baseline", action="store_true",
                     help="skip the same-precision baseline (limits fall back to the absolute thresholds)")
+
+
+def _shard(text: str):
+    import argparse
+
+    from .shards import Shard, ShardError
+
+    try:
+        return Shard.parse(text)
+    except ShardError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def pytest_configure(config):
@@ -86,14 +100,12 @@ def _specs(config) -> list[str]:
 def pytest_generate_tests(metafunc):
     if "dc_task" not in metafunc.fixturenames:
         return
-    from .tiers import select
-
     config = metafunc.config
-    cases = []
-    for op in config.getoption("--dc-op") or [None]:
-        cases += select(tier=config.getoption("--dc-tier"), op=op, k=config.getoption("--dc-k"))
-    if config.getoption("--dc-limit"):
-        cases = cases[: config.getoption("--dc-limit")]
+    cases = _selection(config)
+    if config.getoption("--dc-shard") is not None:
+        from .shards import shard_cases
+
+        cases = shard_cases(cases, config.getoption("--dc-shard"))
     params = []
     for spec in _specs(config):
         for case in cases:
@@ -102,6 +114,18 @@ def pytest_generate_tests(metafunc):
                 marks.append(getattr(pytest.mark, _marker(spec)))
             params.append(pytest.param((case, spec), id=f"{spec}::{case.id}", marks=marks))
     metafunc.parametrize("dc_task", params)
+
+
+def _selection(config) -> list:
+    """The matrix's cases before ``--dc-shard``: tier, ops, expression, limit."""
+    from .tiers import select
+
+    cases = []
+    for op in config.getoption("--dc-op") or [None]:
+        cases += select(tier=config.getoption("--dc-tier"), op=op, k=config.getoption("--dc-k"))
+    if config.getoption("--dc-limit"):
+        cases = cases[: config.getoption("--dc-limit")]
+    return cases
 
 
 @pytest.fixture(scope="session")
@@ -200,6 +224,13 @@ def _required_failures(config, state) -> list[str]:
     required = required_pairs()
     if not required or not _uses_matrix(config):
         return []
+    shard = config.getoption("--dc-shard")
+    if shard is not None:  # pairs whose cases all lie in other shards are theirs to judge (as `run --shard`)
+        from .shards import pairs_elsewhere, shard_cases
+
+        selection = _selection(config)
+        elsewhere = pairs_elsewhere(required, shard_cases(selection, shard), selection)
+        required = {pair for pair in required if pair not in elsewhere}
     env = probe_env()
     verdicts = {}
     selected = set(_specs(config))

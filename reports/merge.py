@@ -1,11 +1,13 @@
 """``deltacheck merge``: several runs of one environment -> one run directory that reports read.
 
-For a tier split across CI runners (``-k`` shards, one op per job), or a run that was interrupted and
-finished by a second run of what it had not reached. The merged ``results.jsonl`` holds:
+For a tier split across CI runners (``run --shard i/n``, docs/ci.md; or ``-k`` / one op per job), or a run that
+was interrupted and finished by a second run of what it had not reached. The merged ``results.jsonl`` holds:
 
 - the first run's header, plus ``merged_from`` (each input's run id, start, argv, commit, fingerprint), with
-  ``backends`` and ``case_ids`` the union of the inputs' selections (what ``run --resume`` of the merge checks);
-- one availability record (kind "gate") per backend x op, the first input's (inputs of one environment agree);
+  ``backends`` and ``case_ids`` the union of the inputs' selections (what ``run --resume`` of the merge checks)
+  and ``required`` the union of their required pairs;
+- one availability record (kind "gate") per backend x op, the first input's (inputs of one environment agree),
+  marked required when any input's is (a shard leaves a required pair it has no case of to the others);
 - one result per (case, backend, check): the **last** input that has it wins, so a rerun replaces the
   interrupted attempt it repeats; results keep the order in which they were first seen;
 - one stability frontier (kind "frontier") per backend x op x dtype x axis, the last input's;
@@ -74,11 +76,14 @@ def merge_runs(inputs: list[str | Path], out: str | Path, *, allow_mixed_env: bo
     gates: dict[tuple[str, str], dict[str, Any]] = {}
     for run in runs:
         for g in run.gates:
-            gates.setdefault((str(g.get("backend")), str(g.get("op"))), g)
+            gate = gates.setdefault((str(g.get("backend")), str(g.get("op"))), dict(g))
+            # required when any input requires it: a shard leaves a required pair it has no case of to the others
+            gate["required"] = bool(gate.get("required") or g.get("required"))
 
     header = dict(runs[0].header)
     # The merge holds every input's selection, so a `run --resume` of it compares against their union.
     header["backends"] = list(dict.fromkeys(b for run in runs for b in run.header.get("backends") or []))
+    header["required"] = sorted({p for run in runs for p in run.header.get("required") or []})
     if all(isinstance(run.header.get("case_ids"), list) for run in runs):
         header["case_ids"] = list(dict.fromkeys(c for run in runs for c in run.header["case_ids"]))
         header["cases"] = len(header["case_ids"])

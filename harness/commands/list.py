@@ -13,6 +13,7 @@ from deltacheck.cases.matrix import TIER_AXES
 from deltacheck.cases.spec import TIERS
 from deltacheck.cases.support import OPS
 from deltacheck.harness.availability import load_backend
+from deltacheck.harness.shards import Shard, ShardError, shard_cases
 from deltacheck.harness.tiers import TIER_TARGETS, backend_envelope, select
 
 
@@ -45,10 +46,17 @@ def run_list(args: argparse.Namespace, out=None) -> int:
     out = out or sys.stdout
     ops = list(dict.fromkeys(args.op)) if args.op else [None]
     try:
+        shard = Shard.parse(args.shard) if args.shard is not None else None
+    except ShardError as error:
+        print(f"deltacheck list: --shard: {error}", file=sys.stderr)
+        return 2
+    try:
         cases = [c for op in ops for c in select(tier=args.tier, op=op, k=args.k)]
     except (CaseError, KExprError) as error:
         print(f"deltacheck list: {error}", file=sys.stderr)
         return 2
+    if shard is not None:
+        cases = shard_cases(cases, shard)
     blocks = []  # (title or None, cases, compatible rule or None, axes)
     if args.backend:
         backend, error = load_backend(args.backend)
@@ -107,6 +115,11 @@ def add_cli(commands) -> None:
     parser.add_argument("--backend", metavar="B", help="only the cases inside B's declared envelope")
     parser.add_argument("--sm", type=_positive_sm, metavar="SM",
                         help="with --backend: the GPU architecture (90, 100, ...) whose engines count")
+    parser.add_argument("--shard", metavar="I/N",
+                        help="only shard I of N (1 <= I <= N) of the selection: the cases `run --shard I/N` and "
+                             "pytest's --dc-shard I/N run. The N shards are disjoint, their union is the selection, "
+                             "and a compile family stays in one shard unless it alone outweighs a shard "
+                             "(docs/ci.md)")
     parser.add_argument("--count", action="store_true",
                         help="print counts per axis value and pair coverage instead of ids; the first line is "
                              "'N cases'")

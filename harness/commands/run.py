@@ -23,6 +23,7 @@ from deltacheck.harness.known import KnownIssuesError, known_issue_paths, load_k
 from deltacheck.harness.required import RequireSpecError, required_pairs
 from deltacheck.harness.rundir import ResumeError, RunDirError
 from deltacheck.harness.runner import RunOptions
+from deltacheck.harness.shards import Shard, ShardError, pairs_elsewhere, shard_cases
 from deltacheck.harness.tiers import select
 
 FUSED_DEFAULT = ("cudnn", "fla")
@@ -36,9 +37,14 @@ def _unique(values: list[str], flag: str) -> list[str]:
     return list(dict.fromkeys(values))
 
 
-def _select_cases(args) -> list[Case]:
-    """The selected cases; raises ``CaseError`` / ``ValueError`` (a usage error) when none is selected,
-    naming the filter that left none: an empty selection must not be a green run."""
+def _select_cases(args) -> tuple[list[Case], list[Case]]:
+    """(the cases to run, the selection they were sharded from: the same list without ``--shard``); raises
+    ``CaseError`` / ``ValueError`` (a usage error) when none is selected, naming the filter that left none: an
+    empty selection must not be a green run."""
+    try:
+        shard = Shard.parse(args.shard) if args.shard is not None else None
+    except ShardError as exc:
+        raise ValueError(f"--shard: {exc}") from None
     if args.case:
         cases = [Case.from_id(c) for c in _unique(args.case, "--case")]
     else:
@@ -54,7 +60,29 @@ def _select_cases(args) -> list[Case]:
             raise ValueError(f"no case selected: {where} has no cases")
     if args.limit is not None:
         cases = cases[: args.limit]
-    return cases
+    if shard is None:
+        return cases, cases
+    # The shards split the whole selection (after --limit), so they add up to the run without --shard.
+    mine = shard_cases(cases, shard)
+    if not mine:
+        raise ValueError(f"no case selected: shard {shard} is empty, since the selection has only {len(cases)} "
+                         f"case(s) for {shard.count} shards; use at most {len(cases)} shards")
+    return mine, cases
+
+
+def _without_pairs(environ, pairs: set[tuple[str, str]]) -> dict[str, str]:
+    """``environ`` with its required-mode settings requiring none of ``pairs``, all else as written: execute reads
+    the required pairs from the environment it is given."""
+    out = dict(environ)
+    for var, value in environ.items():
+        required = required_pairs({var: value})
+        if not required & pairs:
+            continue
+        if var == "DELTACHECK_REQUIRE":
+            out[var] = ",".join(e for e in value.split(",") if not required_pairs({var: e}) & pairs)
+        else:  # NVTE_GDN2_TEST_REQUIRED and the like: one pair each
+            out[var] = "0"
+    return out
 
 
 def _device_problem(device: str) -> str | None:
@@ -109,6 +137,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--case", action="append", help="run exactly this case id (repeatable); overrides --tier/-k")
     p.add_argument("--limit", type=_positive_int, default=None, metavar="N",
                    help="at most N cases (N >= 1), the first N after selection (default: all)")
+    p.add_argument("--shard", metavar="I/N",
+                   help="run only shard I of N (1 <= I <= N) of the selection (after --limit): the cases `deltacheck "
+                        "list --shard I/N` prints. The N shards are disjoint and add up to the run without --shard; "
+                        "fold their run directories back into one with `deltacheck merge` (docs/ci.md)")
     p.add_argument("--out", default="runs", help="root folder for run directories (default ./runs)")
     p.add_argument("--reference", default="auto", choices=["auto", "oracle", "chunked"],
                    help="fp64 reference: token oracle, chunked, or auto (oracle up to 2048 tokens)")
@@ -150,7 +182,7 @@ def _options(args) -> RunOptions:
 
 def cmd_run(args) -> int:
     try:
-        cases = _select_cases(args)
+        cases, selection = _select_cases(args)
     except (CaseError, ValueError) as exc:
         print(f"deltacheck run: {exc}", file=sys.stderr)
         return 2
@@ -164,10 +196,14 @@ def cmd_run(args) -> int:
         _print_plan(plan(cases, specs, probe_env()), len(cases))
         return 0
     try:
-        required_pairs(os.environ)
+        required = required_pairs(os.environ)
     except RequireSpecError as exc:  # a malformed setting is a usage error
         print(f"deltacheck run: {exc}", file=sys.stderr)
         return 2
+    elsewhere = pairs_elsewhere(required, cases, selection)
+    if elsewhere:
+        print(f"deltacheck run: note: shard {args.shard} has no case of required "
+              f"{', '.join(sorted(':'.join(p) for p in elsewhere))}: the other shards judge it", file=sys.stderr)
     try:
         load_known_issues(known_issue_paths(args.known_issues))
     except KnownIssuesError as exc:
@@ -180,7 +216,7 @@ def cmd_run(args) -> int:
     try:
         status, run_dir = execute(cases, specs, args.out, _options(args), in_process=args.in_process,
                                   argv=sys.argv[1:], jobs=args.jobs, resume=args.resume,
-                                  task_timeout=args.task_timeout)
+                                  task_timeout=args.task_timeout, environ=_without_pairs(os.environ, elsewhere))
     except RunDirError as exc:
         print(f"deltacheck run: --out: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,152 @@
+"""Shards: a selection of cases split into ``n`` deterministic, disjoint parts whose union is the selection, for
+CI matrices (``deltacheck list/run --shard i/n``, pytest's ``--dc-shard i/n``; docs/ci.md).
+
+**The unit is a case.** Every task of a case (the case against each backend) goes to the case's shard, so
+``list --shard`` can print case ids and ``run --shard`` runs exactly those cases.
+
+**The family rule.** Cases are grouped by their compile family without the backend: (op, io dtype, K, V), which
+is ``pool.compile_family(case, spec)`` minus its backend. The assignment reads the selected cases only, never
+the backends, so ``list --shard i/n`` (no backend) and ``run --shard i/n --backend ...`` select the same cases;
+and since a case family holds exactly the cases of one compile family per backend, keeping a case family in one
+shard keeps every backend's compile family there too (each shard builds and autotunes it once).
+
+**The cost model** (estimated nanoseconds of one CPU core, the references and the baseline included; fit in log
+space to 286 cases timed against ``chunked``, all of L0 and a sample of L1: median estimate/measured 1.16, 80%
+of cases within 0.53-1.68; docs/ci.md)::
+
+    case   = CASE_NS + tokens x passes x (TOKEN_NS + STATE_NS x heads x K x V)
+    passes = 1, or 5 with a backward (the references' autograd through every token step); GDP's tokens count
+             its Householder steps; heads = max(H, HV), the heads the state lives at
+    family = FAMILY_NS + the sum of its cases          (FAMILY_NS: one first compile, assumed, not measured)
+
+**The balancing** is longest-processing-time-first over families: a family goes whole to the shard with the
+least cost so far. A family is split only when it alone costs more than a shard's share (total / n), into
+``ceil(cost x n / total)`` pieces (and into more only when there would otherwise be fewer pieces than shards,
+so no shard is empty while the selection has n cases). Ties are broken by family key, then shard number, and
+costs are integers, so the result never depends on dict order, hashing or float rounding.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from deltacheck.cases import Case
+
+from .pool import compile_family
+
+CASE_NS = 20_000_000  # inputs, setup, judging: a case's cost before any token
+TOKEN_NS = 190_000  # one token step of the references, whatever its size (dispatch, Python)
+STATE_NS = 20  # per state element (heads x K x V) a token step updates
+BACKWARD_PASSES = 5  # a backward case's token steps, counting the forward's as 1
+FAMILY_NS = 10_000_000_000  # a family's first compile and autotune (Triton, cuDNN's runtime compile): assumed
+
+
+_SHARD = re.compile(r"([0-9]+)/([0-9]+)")
+
+
+class ShardError(ValueError):
+    """``--shard`` is not ``i/n`` with 1 <= i <= n; the message says what was given and what is expected."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    index: int  # 1-based
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        """``"2/4"`` -> Shard(2, 4); anything else raises ``ShardError``."""
+        match = _SHARD.fullmatch(str(text).strip())
+        if match is None:
+            raise ShardError(f"expected i/n, shard i of n shards (whole numbers, 1 <= i <= n), got {text!r}")
+        index, count = int(match.group(1)), int(match.group(2))
+        if count < 1:
+            raise ShardError(f"expected i/n with at least n = 1 shard, got {text!r}")
+        if not 1 <= index <= count:
+            raise ShardError(f"expected i/n with 1 <= i <= n (shards are numbered from 1), got {text!r}")
+        return cls(index, count)
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def case_family(case: Case) -> tuple:
+    """The compile family of a case without the backend: (op, io dtype, K, V)."""
+    return compile_family(case, "")[1:]
+
+
+def case_cost(case: Case) -> int:
+    """The estimated cost of one case (nanoseconds of one CPU core; the module docstring has the model)."""
+    passes = BACKWARD_PASSES if case.backward else 1
+    steps = case.total_tokens * case.num_householder
+    return CASE_NS + steps * passes * (TOKEN_NS + STATE_NS * case.HO * case.K * case.V)
+
+
+def selection_cost(cases: Sequence[Case]) -> int:
+    """What running ``cases`` in one place costs: each family's compile once, plus every case."""
+    return FAMILY_NS * len({case_family(c) for c in cases}) + sum(case_cost(c) for c in cases)
+
+
+def _split(members: list[int], costs: list[int], ids: list[str], pieces: int) -> list[list[int]]:
+    """``members`` (indices into the selection) in ``pieces`` parts of near-equal cost: dearest case first (by id on
+    a tie, so the parts do not depend on the selection's order), each to the cheapest part so far (the
+    lowest-numbered on a tie)."""
+    parts: list[list[int]] = [[] for _ in range(pieces)]
+    loads = [0] * pieces
+    for i in sorted(members, key=lambda i: (-costs[i], ids[i], i)):
+        p = min(range(pieces), key=lambda p: (loads[p], p))
+        parts[p].append(i)
+        loads[p] += costs[i]
+    return parts
+
+
+def shard_plan(cases: Sequence[Case], n: int) -> list[list[Case]]:
+    """The ``n`` shards of ``cases``, each in the selection's order; shard i is ``shard_plan(...)[i - 1]``."""
+    if n < 1:
+        raise ShardError(f"the number of shards must be at least 1, got {n}")
+    costs = [case_cost(c) for c in cases]
+    ids = [c.id for c in cases]
+    families: dict[tuple, list[int]] = {}
+    for i, case in enumerate(cases):
+        families.setdefault(case_family(case), []).append(i)
+    keys = sorted(families)  # every decision below walks families in key order, never in dict order
+    family_cost = {key: FAMILY_NS + sum(costs[i] for i in families[key]) for key in keys}
+    total = sum(family_cost.values())
+    # A family over a shard's share (cost > total / n, in integers) is split into ceil(cost * n / total) pieces.
+    pieces = {key: min(len(families[key]), max(1, -(-family_cost[key] * n // total))) for key in keys}
+    # Fewer pieces than shards would leave a shard empty: split the family with the dearest pieces once more.
+    while sum(pieces.values()) < n:
+        splittable = [key for key in keys if pieces[key] < len(families[key])]
+        if not splittable:
+            break  # fewer cases than shards: some shard must be empty
+        key = min(splittable, key=lambda k: (-(family_cost[k] // pieces[k]), k))
+        pieces[key] += 1
+    work = []  # (cost, family key, piece number, members)
+    for key in keys:
+        for p, part in enumerate(_split(families[key], costs, ids, pieces[key])):
+            work.append((FAMILY_NS + sum(costs[i] for i in part), key, p, part))
+    work.sort(key=lambda w: (-w[0], w[1], w[2]))
+    loads = [0] * n
+    chosen: list[list[int]] = [[] for _ in range(n)]
+    placed: list[set] = [set() for _ in range(n)]
+    for cost, key, _, part in work:
+        s = min(range(n), key=lambda s: (loads[s], s))
+        loads[s] += cost - (FAMILY_NS if key in placed[s] else 0)  # two pieces in one shard compile once
+        placed[s].add(key)
+        chosen[s] += part
+    return [[cases[i] for i in sorted(part)] for part in chosen]
+
+
+def shard_cases(cases: Sequence[Case], shard: Shard) -> list[Case]:
+    """The cases of ``shard`` (in the selection's order)."""
+    return shard_plan(cases, shard.count)[shard.index - 1]
+
+
+def pairs_elsewhere(required, shard: Sequence[Case], selection: Sequence[Case]) -> set[tuple[str, str]]:
+    """The required (backend, op) pairs a shard leaves to the other shards: their op has cases in the selection
+    and none in this shard. A shard judges required mode on the pairs it holds cases of; a pair whose op the
+    whole selection lacks is judged (and fails) in every shard, as it would unsharded: never a silent pass."""
+    here, anywhere = {c.op for c in shard}, {c.op for c in selection}
+    return {(spec, op) for spec, op in required if op in anywhere and op not in here}
