@@ -354,9 +354,14 @@ class CaseRunner:
         results.append(self._judge(case, "out", "continuation_ref", chained_out, exp.out,
                                    exp.baseline_err.get("out"), base, 0.0, offsets))
         r = self._judge(case, "out", "continuation_self", chained_out, packed, None, base, 0.0)
-        state_err = compare.rel_rms(chained_state, state) if chained_state.shape == state.shape else math.inf
+        same_shape = chained_state.shape == state.shape
+        state_err = compare.rel_rms(chained_state, state) if same_shape else math.inf
+        # FLA's negligible rule here too: a state that decayed to ~1e-46 has no meaningful relative error (the
+        # state carried in bf16 between the calls flushes it to 0)
+        state_abs = compare.metrics(chained_state, state)["max_abs"] if same_shape else None
         r.metrics["state_rel_rms_vs_self"] = state_err
-        state_ok = compare.judge(case.op, case.io_dtype, "state", state_err, None)
+        state_ok = compare.judge(case.op, case.io_dtype, "state", state_err, None, max_abs=state_abs,
+                                 carried=case.state_dtype)
         if r.status == "pass" and not state_ok["passed"]:
             r.status, r.reason = "fail", f"chained final state differs from the single call's by rel RMS {state_err:.3e}"
         results.append(r)

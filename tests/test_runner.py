@@ -537,3 +537,21 @@ def test_dry_run_counts_what_would_run_and_why_the_rest_is_declined_and_runs_not
     assert f"would run   {n_kda:>2} (backward on 0)" in lines["fake_backends:NoBackward:kda"]
     assert f"would run   {n_kda:>2} (backward on {n_bwd})" in lines["oracle:kda"]
     assert not list(tmp_path.iterdir()), "a dry run writes no run directory"
+
+
+def test_continuation_self_applies_the_negligible_rule_to_a_decayed_state(tmp_path):
+    """H200, FLA chunk_gdn2, L0 (2026-12-01): the final state had decayed to ~1e-46 and the chained state 'differed
+    from the single call's by rel RMS 1.0'. Both are negligible (FLA's absolute rule), so the check passes."""
+    case = "gdn2-fp16-sbhd-N1-L128-H4/4/4-K128-V128-typical-state_bf16-beta_zero-l2norm-safegate-alog-dtbias-scale1.0-h0-cont[65]"
+    from deltacheck.cases import Case
+    from deltacheck.harness.runner import CaseRunner
+    from deltacheck.harness.task import run_task
+
+    sys.path.insert(0, str(TESTS))
+    try:
+        results = {r.check: r for r in run_task(CaseRunner(RunOptions(reference="oracle")), Case.from_id(case),
+                                                "fake_backends:TinyState", None)}
+    finally:
+        sys.path.remove(str(TESTS))
+    r = results["continuation_self"]
+    assert r.metrics["state_rel_rms_vs_self"] > 0.5 and r.status == "pass", r.reason
