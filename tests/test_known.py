@@ -1,0 +1,287 @@
+"""Known issues as data (harness/known.py): the file format's mistakes, who an entry speaks about, strictness, the
+CLI and the pytest plugin giving the same verdict, and the shipped table against the H200 run it came from."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from deltacheck.cases import Case
+from deltacheck.harness.environment import Env
+from deltacheck.harness.known import (
+    SHIPPED,
+    KnownIssuesError,
+    known_issue_paths,
+    load_known_issues,
+    mark_known,
+    outcomes,
+)
+from deltacheck.harness.results import Result
+
+TESTS = Path(__file__).resolve().parent
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]), "CI": "1"}
+for var in ("NVTE_GDN2_TEST_REQUIRED", "NVTE_GDN_TEST_REQUIRED", "DELTACHECK_REQUIRE", "DELTACHECK_PYTEST_RUN_DIR",
+            "DELTACHECK_KNOWN_ISSUES"):
+    ENV.pop(var, None)
+for var in [v for v in ENV if v.startswith("PYTEST_XDIST")]:  # the inner pytest is not one of our workers
+    ENV.pop(var)
+
+H200 = Env(cuda=True, device_name="NVIDIA H200", capability=(9, 0),
+           versions={"cudnn_frontend": "1.32.0", "fla": "0.6.0"})
+
+GOOD = """
+[[issue]]
+id = "x"
+backend = "cudnn"
+op = "kda"
+where = "extreme"
+reason = "r"
+evidence = "e"
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "known.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+# --- the file format: every mistake names the file, the entry and the key ----------------------------------------
+
+
+@pytest.mark.parametrize("text,named", [
+    (GOOD.replace('reason = "r"', 'reason = "r"\ncolour = "red"'), "unknown key(s) colour"),
+    (GOOD.replace('evidence = "e"\n', ""), "missing or empty evidence"),
+    (GOOD.replace('reason = "r"', 'reason = "  "'), "missing or empty reason"),
+    (GOOD + GOOD, "id 'x' is already used by"),
+    (GOOD.replace('where = "extreme"', 'where = "extreme and ("'), "where:"),
+    (GOOD + 'versions = { nvidia-cudnn-frontend = "1.32 or so" }\n', "is not a PEP 440 specifier set"),
+    (GOOD + 'sm = ["hopper"]\n', "sm must be a list of compute capabilities"),
+    (GOOD + 'checks = "forward"\n', "checks must be a list of check names"),
+    ("[[issue]\nid = 1\n", "not valid TOML"),
+    ('title = "mine"\n' + GOOD, "expected only [[issue]] tables"),
+])
+def test_a_malformed_file_is_refused_with_the_reason(tmp_path, text, named):
+    path = write(tmp_path, text)
+    with pytest.raises(KnownIssuesError, match="known issues file|issue #") as info:
+        load_known_issues([path])
+    assert named in str(info.value) and str(path) in str(info.value)
+
+
+def test_a_missing_file_is_refused_by_name(tmp_path):
+    with pytest.raises(KnownIssuesError, match="cannot read it"):
+        load_known_issues([tmp_path / "absent.toml"])
+
+
+def test_ids_are_unique_across_files(tmp_path):
+    with pytest.raises(KnownIssuesError, match="already used by"):
+        load_known_issues([write(tmp_path, GOOD, "a.toml"), write(tmp_path, GOOD, "b.toml")])
+
+
+def test_the_shipped_table_comes_first_then_the_environment_then_the_flag():
+    paths = known_issue_paths(["flag.toml"], {"DELTACHECK_KNOWN_ISSUES": os.pathsep.join(["e1.toml", "e2.toml"])})
+    assert paths == [str(SHIPPED), "e1.toml", "e2.toml", "flag.toml"]
+
+
+# --- who an entry speaks about -------------------------------------------------------------------------------------
+
+CASE = Case.from_id("kda-bf16-bshd-N2-L129-H2/2/2-K128-V128-extreme-bwd")
+
+
+def one_entry(tmp_path, extra: str = ""):
+    (issue,) = load_known_issues([write(tmp_path, GOOD + extra)])
+    return issue
+
+
+@pytest.mark.parametrize("extra,spec,env,applies", [
+    ("", "cudnn", H200, True),
+    ("", "fla", H200, False),  # another backend
+    ('sm = [90]\n', "cudnn", H200, True),
+    ('sm = [100]\n', "cudnn", H200, False),  # another architecture
+    ('sm = [90]\n', "cudnn", Env(cuda=False), False),  # no GPU at all
+    ('versions = { nvidia-cudnn-frontend = ">=1.32,<1.33" }\n', "cudnn", H200, True),
+    ('versions = { nvidia-cudnn-frontend = ">=1.33" }\n', "cudnn", H200, False),  # fixed in a later release
+    ('versions = { cudnn_frontend = "<1.33" }\n', "cudnn", H200, True),  # the Env key works as the package name
+    ('versions = { nvidia-cudnn-frontend = "<1.33" }\n', "cudnn", Env(cuda=True, capability=(9, 0)), False),
+])
+def test_an_entry_applies_only_where_its_evidence_was_seen(tmp_path, extra, spec, env, applies):
+    assert one_entry(tmp_path, extra).applies_to(CASE, spec, spec, env) is applies
+
+
+def test_an_entry_matches_cases_by_its_where_expression_and_its_op(tmp_path):
+    issue = one_entry(tmp_path)
+    assert not issue.applies_to(Case.from_id("kda-bf16-bshd-N2-L129-H2/2/2-K128-V128-steep-bwd"), "cudnn", "cudnn",
+                                H200)
+    assert not issue.applies_to(Case.from_id("gdn-bf16-bshd-N2-L129-H2/2/2-K128-V128-extreme-bwd"), "cudnn", "cudnn",
+                                H200)
+
+
+def result(check: str, status: str) -> Result:
+    return Result(case=CASE.id, backend="cudnn", check=check, status=status,
+                  reason="" if status == "pass" else "66048 NaN in out")
+
+
+def test_failing_checks_become_known_and_passing_ones_stay(tmp_path):
+    issue = one_entry(tmp_path, 'checks = ["forward"]\n')
+    results = [result("forward", "fail"), result("state", "fail"), result("determinism", "pass")]
+    for r in results:
+        mark_known(r, [issue])
+    assert [r.status for r in results] == ["known", "fail", "pass"]  # state is outside the entry's checks
+    assert results[0].reason.startswith("known issue x: r") and results[0].metrics["known_issue"] == "x"
+    assert outcomes(results, [issue]) == {"x": "reproduced"}
+
+
+def test_an_entry_whose_checks_all_pass_is_gone_and_one_that_did_not_run_is_not_judged(tmp_path):
+    issue = one_entry(tmp_path, 'checks = ["forward", "state"]\n')
+    assert outcomes([result("forward", "pass"), result("state", "pass"), result("grad_q", "fail")],
+                    [issue]) == {"x": "gone"}
+    assert outcomes([result("forward", "skip"), result("state", "pass")], [issue]) == {"x": "not judged"}
+    assert outcomes([result("grad_q", "pass")], [issue]) == {"x": "not judged"}
+
+
+# --- the CLI and the pytest plugin: one verdict ---------------------------------------------------------------------
+
+# fake_backends.NaNOnOneCase is all-NaN on its one bad case and right everywhere else.
+BAD = "kda-bf16-thd-N3-T[0_1_127]"
+SELECTION = f"{BAD} or (kda and K64-V64 and not bwd)"
+ENTRY = """
+[[issue]]
+id = "fake-nan"
+backend = "nan-on-one"
+op = "kda"
+where = "{where}"
+reason = "all-NaN out on one case"
+evidence = "tests/fake_backends.py"
+{extra}
+"""
+
+KNOWN_SITUATIONS = {
+    # name: (where, extra keys, the run fails, a line the output must hold)
+    "the entry covers the failing case": (BAD, "", False, "failed as known issues (fake-nan)"),
+    "the entry covers only checks that pass": (BAD, 'checks = ["state"]', True, "KNOWN ISSUES NO LONGER REPRODUCE"),
+    "the entry covers a passing case too": ("kda", "", True, "known issue no longer reproduces: fake-nan matches"),
+    "the entry is for another architecture": (BAD, "sm = [90]", True, None),
+}
+
+
+def cli_outcome(tmp_path, known: Path):
+    argv = [sys.executable, "-m", "deltacheck", "run", "--backend", "fake_backends:NaNOnOneCase", "--tier", "L0",
+            "--limit", "3", "-k", SELECTION, "--out", str(tmp_path / "cli"), "--in-process", "--no-baseline",
+            "--reference", "oracle", "--known-issues", str(known)]
+    proc = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def pytest_outcome(known: Path):
+    argv = [sys.executable, "-m", "pytest", str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider", "-rxX",
+            "--dc-backend", "fake_backends:NaNOnOneCase", "--dc-limit", "3", "--dc-k", SELECTION,
+            "--dc-reference", "oracle", "--dc-no-baseline"]
+    proc = subprocess.run(argv, env=dict(ENV, DELTACHECK_KNOWN_ISSUES=str(known)), capture_output=True, text=True,
+                          timeout=300, cwd=TESTS.parent)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("situation", list(KNOWN_SITUATIONS))
+def test_cli_and_pytest_agree_on_known_issues(situation, tmp_path):
+    where, extra, fails, line = KNOWN_SITUATIONS[situation]
+    known = write(tmp_path, ENTRY.format(where=where, extra=extra))
+    cli_rc, cli_text = cli_outcome(tmp_path, known)
+    py_rc, py_text = pytest_outcome(known)
+    assert (cli_rc != 0, py_rc != 0) == (fails, fails), f"CLI exit {cli_rc}:\n{cli_text}\npytest exit {py_rc}:\n{py_text}"
+    assert "Traceback" not in cli_text + py_text
+    if line:
+        assert line in cli_text, cli_text
+    if situation == "the entry covers the failing case":
+        assert "xfail" in py_text.lower(), py_text
+    if situation == "the entry covers a passing case too":
+        assert "known issue no longer reproduces" in py_text, py_text
+
+
+def test_a_malformed_known_issues_file_is_a_usage_error_in_both(tmp_path):
+    known = write(tmp_path, GOOD.replace('evidence = "e"\n', ""))
+    cli_rc, cli_text = cli_outcome(tmp_path, known)
+    py_rc, py_text = pytest_outcome(known)
+    assert cli_rc == 2 and "missing or empty evidence" in cli_text and "Traceback" not in cli_text
+    assert py_rc != 0 and "missing or empty evidence" in py_text
+
+
+# --- the shipped table against the run it came from -----------------------------------------------------------------
+
+# cuDNN FE 1.32.0 on the H200 (SM90), L0 tier, 2026-12-01: the KDA cases the Hopper engine ran. Every failure was
+# all-NaN without a decline; every case listed as passing passed all of its checks.
+H200_CUDNN_KDA_FAILED = [
+    "kda-bf16-bshd-N2-L129-H2/2/2-K128-V128-extreme-bwd",
+    "kda-bf16-bhsd-N1-L200-H2/2/4-K128-V128-trained-l2norm-sigmoid-h0-cont[63]",
+]
+H200_CUDNN_KDA_PASSED = [
+    "kda-bf16-bhsd-N1-L1-H2/2/2-K128-V128-extreme-state_bf16-safegate-alog-dtbias-scale0.5",
+    "kda-bf16-bhsd-N1-L1-H2/2/2-K128-V128-typical-state_bf16-beta_one-bwd",
+    "kda-bf16-bhsd-N1-L1-H2/2/4-K128-V128-steep-state_bf16-safegate-alog-dtbias-scale0.0625-h0",
+    "kda-bf16-bhsd-N1-L257-H2/2/2-K128-V128-long-state_bf16-beta_one-h0-cont[85]-bwd",
+    "kda-bf16-bhsd-N1-L63-H2/2/4-K128-V128-zero-beta_one-l2norm-sigmoid-safegate-alog-dtbias-scale0.0625-cont[31]",
+    "kda-bf16-bhsd-N1-L65-H4/4/4-K128-V128-mild-beta_zero-h0-bwd",
+    "kda-bf16-bhsd-N4-L31-H2/2/2-K128-V128-typical-beta_one-l2norm-safegate-alog-dtbias",
+    "kda-bf16-bshd-N1-L1-H2/2/4-K128-V128-steep-state_bf16-beta_one-l2norm-sigmoid-safegate-alog-dtbias-scale0.5",
+    "kda-bf16-bshd-N1-L64-H4/4/4-K128-V128-zero-state_bf16-beta_zero-l2norm-safegate-alog-dtbias-scale0.0625-h0",
+    "kda-bf16-bshd-N1-L65-H2/2/2-K128-V128-mild-beta_zero-cont[32_63]-bwd",
+    "kda-bf16-bshd-N1-L65-H2/2/2-K128-V128-trained-state_bf16-beta_one-l2norm-sigmoid-safegate-alog-dtbias-scale1.0-"
+    "cont[63]",
+    "kda-bf16-bshd-N2-L129-H2/2/4-K128-V128-typical-state_bf16-beta_zero-l2norm-sigmoid-scale0.0625-h0-cont[43_64]",
+    "kda-bf16-bshd-N2-L130-H4/4/4-K128-V128-typical-sigmoid-bwd",
+    "kda-bf16-bshd-N2-L200-H2/2/2-K128-V128-long-l2norm-safegate-alog-dtbias-scale0.5-h0-cont[133]",
+    "kda-bf16-sbhd-N1-L128-H2/2/2-K128-V128-trained-beta_zero-cont[65]-bwd",
+    "kda-bf16-sbhd-N1-L320-H4/4/4-K128-V128-long-state_bf16-l2norm-safegate-alog-dtbias-scale0.0625-h0-cont[160]",
+    "kda-bf16-sbhd-N1-L63-H2/2/2-K128-V128-extreme-state_bf16-beta_zero-l2norm-sigmoid-safegate-alog-dtbias-h0",
+    "kda-bf16-sbhd-N1-L65-H2/2/2-K128-V128-typical-state_bf16-beta_one-sigmoid-safegate-alog-dtbias-scale0.0625",
+    "kda-bf16-sbhd-N2-L129-H1/1/4-K128-V128-steep-beta_zero-scale1.0-h0",
+    "kda-bf16-sbhd-N2-L129-H2/2/2-K128-V128-zero-state_bf16-beta_zero-h0-bwd",
+    "kda-bf16-sbhd-N2-L64-H2/2/4-K128-V128-mild-h0-cont[33]",
+    "kda-bf16-thd-N1-T[200]-H2/2/4-K128-V128-extreme-state_bf16-beta_one-safegate-alog-dtbias-scale0.5-cont[1]",
+    "kda-bf16-thd-N1-T[65]-H4/4/4-K128-V128-typical-sigmoid-safegate-alog-dtbias-scale1.0-cont[21]",
+    "kda-bf16-thd-N2-T[300_257]-H2/2/2-K128-V128-zero-state_bf16-l2norm-h0-bwd",
+    "kda-bf16-thd-N3-T[0_1_127]-H2/2/2-K128-V128-trained-state_bf16-safegate-alog-dtbias-scale1.0",
+    "kda-bf16-thd-N3-T[1_64_200]-H2/2/2-K128-V128-steep-h0-cont[64]-bwd",
+    "kda-bf16-thd-N3-T[257_0_300]-H2/2/4-K128-V128-long-beta_zero-l2norm-sigmoid-safegate-alog-dtbias-scale0.5-h0-"
+    "cont[150]",
+    "kda-bf16-thd-N3-T[65_1_129]-H2/2/2-K128-V128-extreme-l2norm-sigmoid-safegate-alog-dtbias-h0-bwd",
+    "kda-bf16-thd-N3-T[65_65_65]-H4/4/4-K128-V128-trained-state_bf16-safegate-alog-dtbias-scale1.0",
+    "kda-bf16-thd-N4-T[0_1_63_65]-H2/2/4-K128-V128-extreme-beta_zero-l2norm-safegate-alog-dtbias-h0",
+    "kda-bf16-thd-N4-T[0_1_64_200]-H2/2/2-K128-V128-steep-l2norm-h0-cont[64]-bwd",
+    "kda-bf16-thd-N5-T[65_0_1_200_3]-H2/2/2-K128-V128-typical-state_bf16-beta_zero-l2norm-safegate-alog-dtbias-"
+    "scale0.0625-h0",
+    "kda-bf16-thd-N6-T[63_1_0_64_65_2]-H2/2/4-K128-V128-zero-cont[1]",
+    "kda-bf16-thd-N6-T[63_1_0_64_65_2]-H4/4/4-K128-V128-mild-state_bf16-beta_one-l2norm-sigmoid-safegate-alog-dtbias-"
+    "scale1.0",
+]
+
+
+def test_the_shipped_table_loads():
+    issues = load_known_issues([SHIPPED])
+    assert issues and all(i.reason and i.evidence for i in issues)
+
+
+def test_the_shipped_cudnn_entry_covers_exactly_the_h200_failures():
+    """Strict entries must be narrow: on the machine and versions they were seen with, every failing case is covered
+    and no case that passed is (it would fail the run as 'no longer reproduces')."""
+    issues = {i.id: i for i in load_known_issues([SHIPPED])}
+    issue = issues["cudnn-kda-hopper-nan-below-log-decay-7"]
+    covered = {cid for cid in H200_CUDNN_KDA_FAILED + H200_CUDNN_KDA_PASSED
+               if issue.applies_to(Case.from_id(cid), "cudnn", "cudnn", H200)}
+    assert covered == set(H200_CUDNN_KDA_FAILED)
+
+
+@pytest.mark.parametrize("env,spec", [
+    (Env(cuda=True, capability=(10, 0), versions={"cudnn_frontend": "1.32.0"}), "cudnn"),  # Blackwell's engine
+    (Env(cuda=True, capability=(9, 0), versions={"cudnn_frontend": "1.33.0"}), "cudnn"),  # not seen there yet
+    (Env(cuda=False), "cudnn"),  # CI: no GPU
+    (H200, "fla"),  # FLA passes these inputs
+])
+def test_the_shipped_cudnn_entry_stays_where_it_was_seen(env, spec):
+    issues = {i.id: i for i in load_known_issues([SHIPPED])}
+    case = Case.from_id(H200_CUDNN_KDA_FAILED[0])
+    assert not issues["cudnn-kda-hopper-nan-below-log-decay-7"].applies_to(case, spec, spec, env)
