@@ -68,6 +68,8 @@ def axis_values(case: Case) -> dict[str, str]:
         "h0": ON_OFF[case.initial_state],
         "cont": ON_OFF[bool(case.splits)],
         "bwd": ON_OFF[case.backward],
+        # GDP's Householder steps per token; an axis of the GDP arrays only (cases/matrix.py: tier_axes)
+        **({"nh": str(case.num_householder)} if case.support.householder else {}),
     }
 
 
@@ -86,6 +88,13 @@ def compatible(assignment: dict[str, str], axes: dict[str, tuple[str, ...]] = MA
         return any(v in axes.get(axis, ()) for v in values)
 
     op, dims = assignment.get("op"), assignment.get("dims")
+    if op is not None and assignment.get("layout") not in (None, *OP_SUPPORT[op].layouts):
+        return False  # GDP is packed thd only
+    if assignment.get("layout") is not None and not can(
+            "op", *(o for o, sup in OP_SUPPORT.items() if assignment["layout"] in sup.layouts)):
+        return False
+    if "nh" in assignment and not can("op", *(o for o, sup in OP_SUPPORT.items() if sup.householder)):
+        return False
     if op is not None and dims is not None:
         k, v = map(int, dims.split("x"))
         if not OP_SUPPORT[op].supports_dims(k, v):

@@ -1,12 +1,14 @@
-"""GDP_CASES: hand-written Gated DeltaProduct cases, kept apart from the generated tiers.
+"""GDP_CASES: hand-written Gated DeltaProduct cases, pinned in L0 beside GDP's generated array.
 
 GDP (``num_householder`` beta-gated Householder updates per token, cuDNN FE ``gated_delta_product``, TE
-``GatedDeltaProductAttention``) is not in the tiers yet (``cases/support.py: TIER_OPS``). Until it is, these cases
-are what exercises it: the project's tests run them, and each runs on its own with
-``deltacheck run --case ID --backend ...``. Together they meet n = 1 (GDP is then GDN), 2, 3 and 4; ragged thd
-with empty and one-token sequences; continuation splits; the backward; every GDP flag (l2norm, the beta sigmoid
-and neg-eig, the linear gate, the softplus safe gate with and without a_log/dt_bias, a custom scale); a bf16
-state; MHA, GQA and GVA; K != V; bf16 and fp16; zero, mild, typical, steep and extreme gates.
+``GatedDeltaProductAttention``) is generated in every tier as its own covering array (``cases/matrix.py``:
+``HOUSEHOLDER_OPS``, ``tier_axes``), over the tier's axes narrowed to packed thd plus ``nh``. These hand-written
+cases are the ones a covering array would only meet by chance: together they meet n = 1 (GDP is then GDN), 2, 3
+and 4; ragged thd with empty and one-token sequences; continuation splits; the backward; every GDP flag (l2norm,
+the beta sigmoid and neg-eig, the linear gate, the softplus safe gate with and without a_log/dt_bias, a custom
+scale); a bf16 state; MHA, GQA and GVA; K != V; bf16 and fp16; zero, mild, typical, steep and extreme gates; and
+the n = 1 / n = 2 partners of L0's pinned GDN case (the reductions). Each runs on its own with
+``deltacheck run --case ID --backend ...``.
 """
 
 from __future__ import annotations

@@ -15,9 +15,10 @@ import functools
 import random
 from collections.abc import Sequence
 
-from .axes import LENGTH_KINDS, MAIN_AXES, ON_OFF, axis_values
+from .axes import LENGTH_KINDS, MAIN_AXES, ON_OFF, axis_values, compatible
 from .covering import covering_rows, joint_covering_rows, row_interactions
 from .envelope import Envelope
+from .gdp import GDP_CASES
 from .kexpr import compile_k
 from .spec import IO_DTYPES, LAYOUTS, STATE_DTYPES, TIERS, Case, CaseError
 from .support import HEAD_CONFIGS, OP_SUPPORT
@@ -122,7 +123,7 @@ def row_to_case(row: dict[str, str], tier: str, rng: random.Random, seed: int = 
         scale=rng.choice(_CUSTOM_SCALES) if row["scale"] == "custom" else None,
         initial_state=row["h0"] == "on",
         splits=_splits(seqlens, rng, off_boundary=long_gate) if row["cont"] == "on" else (),
-        backward=row["bwd"] == "on", seed=seed, tier=tier,
+        backward=row["bwd"] == "on", seed=seed, tier=tier, num_householder=int(row.get("nh", 1)),
     )
 
 
@@ -185,6 +186,27 @@ _L2_AXES = {
 # The axes (and values) each tier's generator covers; coverage is reported against these.
 TIER_AXES = {"L0": _L0_AXES, "L1": MAIN_AXES, "L2": _L2_AXES}
 
+# GDP (the ops with Householder steps) is generated apart: its own covering array per tier, over the tier's axes
+# narrowed to what the op accepts (packed thd only) plus the steps per token, from its own seed — so adding it
+# left every other generated case as it was. The steps: n = 1 (GDP is then GDN), 2 and 3 in L0 (the reference's
+# cost grows with n), 4 too in L1, 2 and 4 in L2.
+_HOUSEHOLDER_STEPS = {"L0": ("1", "2", "3"), "L1": ("1", "2", "3", "4"), "L2": ("2", "4")}
+HOUSEHOLDER_OPS = tuple(op for op, sup in OP_SUPPORT.items() if sup.householder)
+_HOUSEHOLDER_TRIPLE_AXES = {"L0": (("io_dtype", "state_dtype", "nh"),), "L1": (("io_dtype", "lengths", "nh"),),
+                            "L2": (("lengths", "gate", "nh"),)}
+
+
+def tier_axes(tier: str, op: str | None = None) -> dict[str, tuple[str, ...]]:
+    """The axes (and values) ``tier`` generates ``op``'s cases over: the tier's own, or for an op with Householder
+    steps the GDP array's (its op and layouts, and ``nh``)."""
+    if tier not in TIER_AXES:
+        raise CaseError("tier", f"expected one of {', '.join(TIERS)}; got {tier!r}")
+    if op is None or not OP_SUPPORT[op].householder:
+        return TIER_AXES[tier]
+    layouts = tuple(x for x in TIER_AXES[tier]["layout"] if x in OP_SUPPORT[op].layouts)
+    return {**TIER_AXES[tier], "op": (op,), "layout": layouts, "nh": _HOUSEHOLDER_STEPS[tier]}
+
+
 # Budgets the tests hold the tiers to (with every fused backend's envelope cases).
 TIER_BUDGETS = {"L0": (150, 300), "L1": (1000, 2500), "L2": (20, 200)}
 L0_MAX_TOKENS = 600
@@ -202,7 +224,8 @@ def _reference_tier(tier: str) -> tuple[Case, ...]:
         rng = random.Random("deltacheck-L0")
         rows = covering_rows(_L0_AXES, rng, triple_groups=_L0_TRIPLE_AXES)
         pinned = [Case.from_id(i) for i in _L0_PINNED]
-        return _dedupe(pinned + [row_to_case(row, "L0", rng) for row in rows])
+        return _dedupe(pinned + [row_to_case(row, "L0", rng) for row in rows] + list(GDP_CASES)
+                       + _householder_cases("L0"))
     if tier == "L1":
         cases = []
         # Independent three-way arrays: each triple of main-axis values appears in several different
@@ -211,27 +234,40 @@ def _reference_tier(tier: str) -> tuple[Case, ...]:
             rng = random.Random(f"deltacheck-L1-{replica}")
             rows = covering_rows(MAIN_AXES, rng, triple_groups=(tuple(MAIN_AXES),), candidates=2)
             cases += [row_to_case(row, "L1", rng) for row in rows]
-        return _dedupe(cases)
+        return _dedupe(cases + _householder_cases("L1"))
     if tier == "L2":
         rng = random.Random("deltacheck-L2")
         rows = covering_rows(_L2_AXES, rng, triple_groups=(("op", "lengths", "gate"),))
-        return _dedupe(row_to_case(row, "L2", rng) for row in rows)
+        return _dedupe([row_to_case(row, "L2", rng) for row in rows] + _householder_cases("L2"))
     raise CaseError("tier", f"expected one of {', '.join(TIERS)}; got {tier!r}")
 
 
-def envelope_cases(envelopes: Sequence[Envelope], tier: str, existing: list[Case]) -> list[Case]:
+def _householder_cases(tier: str) -> list[Case]:
+    cases = []
+    for op in HOUSEHOLDER_OPS:
+        rng = random.Random(f"deltacheck-{tier}-{op}")
+        axes = tier_axes(tier, op)
+        rows = covering_rows(axes, rng, triple_groups=_HOUSEHOLDER_TRIPLE_AXES[tier],
+                             compatible=functools.partial(compatible, axes=axes))
+        cases += [row_to_case(row, tier, rng) for row in rows]
+    return cases
+
+
+def envelope_cases(envelopes: Sequence[Envelope], tier: str, existing: list[Case],
+                   seed: str = "envelopes") -> list[Case]:
     """One covering array over the axis values inside each envelope at ``tier``, made only of the rows the
     ``existing`` cases leave uncovered, rows served by several envelopes preferred (cuDNN and FLA share cases
     where they overlap)."""
     groups = []
     for envelope in envelopes:
-        axes = envelope.axes(TIER_AXES[tier])
+        base = tier_axes(tier, envelope.op)
+        axes = envelope.axes(base)
         covered = set()
         for case in existing:
             if envelope.contains(case):
                 covered |= row_interactions(axis_values(case), axes)
-        groups.append((axes, functools.partial(envelope.compatible, base=TIER_AXES[tier]), covered))
-    rng = random.Random(f"deltacheck-{tier}-envelopes")
+        groups.append((axes, functools.partial(envelope.compatible, base=base), covered))
+    rng = random.Random(f"deltacheck-{tier}-{seed}")
     made = [row_to_case(row, tier, rng) for row in joint_covering_rows(groups, rng)]
     for case in made:  # a concrete draw (heads, lengths) must stay inside what its row was chosen for
         if not any(e.contains(case) for e in envelopes):
@@ -243,8 +279,13 @@ def tier_cases(tier: str, envelopes: Sequence[Envelope] = ()) -> list[Case]:
     """The cases of a tier, in a stable order (same list in every process): the reference-level array, then
     the cases that cover each envelope's pairs not covered yet."""
     cases = list(_reference_tier(tier))
-    if envelopes:
-        cases += envelope_cases(envelopes, tier, cases)
+    # GDP's envelopes cover pairs of its own array's axes, from their own seed (the others' cases stay as they were)
+    householder = [e for e in envelopes if OP_SUPPORT[e.op].householder]
+    others = [e for e in envelopes if not OP_SUPPORT[e.op].householder]
+    if others:
+        cases += envelope_cases(others, tier, cases)
+    if householder:
+        cases += envelope_cases(householder, tier, cases, seed="householder-envelopes")
     return list(_dedupe(cases))
 
 

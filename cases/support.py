@@ -152,6 +152,6 @@ OP_SUPPORT: dict[str, OpSupport] = {
 
 OPS = tuple(OP_SUPPORT)
 
-# The ops the generated tiers (cases/axes.py, cases/matrix.py) cover. GDP is not generated yet: its hand-written
-# cases are cases/gdp.py's GDP_CASES (run them with `deltacheck run --case ID`).
+# The ops of the tiers' main covering arrays (cases/axes.py, cases/matrix.py). GDP, the op with Householder steps,
+# has an array of its own per tier (cases/matrix.py: HOUSEHOLDER_OPS), so adding it changed no other case's id.
 TIER_OPS = ("gdn", "kda", "gdn2")

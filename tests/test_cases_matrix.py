@@ -20,7 +20,7 @@ from deltacheck.cases import (
     interaction_coverage,
     pair_coverage,
 )
-from deltacheck.cases.matrix import L0_MAX_HEADS, L0_MAX_TOKENS, covering_rows
+from deltacheck.cases.matrix import HOUSEHOLDER_OPS, L0_MAX_HEADS, L0_MAX_TOKENS, covering_rows
 from deltacheck.cases.support import TIER_OPS
 from deltacheck.harness.cli import main as cli_main
 from deltacheck.harness.tiers import select, tier_cases
@@ -71,7 +71,7 @@ def test_l0_cases_are_small_and_hold_the_required_edges():
     assert max(max(c.H, c.HK, c.HV) for c in cases) <= L0_MAX_HEADS
     assert {c.K for c in cases} | {c.V for c in cases} == {64, 96, 128}
     ragged_edges = [c for c in cases if c.layout == "thd" and 0 in c.seqlens and 1 in c.seqlens]
-    assert {c.op for c in ragged_edges} == set(TIER_OPS)
+    assert {c.op for c in ragged_edges} == set(TIER_OPS) | set(HOUSEHOLDER_OPS)
     lengths = {n for c in cases for n in c.seqlens}
     assert {0, 1, 63, 64, 65} <= lengths
     assert any(c.layout == "thd" and c.N == 1 for c in cases)

@@ -4,6 +4,7 @@ GDP_CASES, continuation splits that cut between real tokens, the reference backe
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 
@@ -11,8 +12,10 @@ import pytest
 import torch
 from doubles import cudnn_la
 
-from deltacheck.cases import Case, CaseError, make_inputs, tier_cases
+from deltacheck.cases import Case, CaseError, interaction_coverage, make_inputs, matrix, tier_cases
+from deltacheck.cases.axes import compatible
 from deltacheck.cases.gdp import GDP_CASES, GDP_IDS
+from deltacheck.cases.matrix import tier_axes
 from deltacheck.cases.support import TIER_OPS
 from deltacheck.harness import environment
 from deltacheck.harness.backends.base import Verdict, get_backend
@@ -44,7 +47,7 @@ def test_gdp_ids_name_the_householder_steps_and_other_ids_are_unchanged():
     assert Case.from_id(case.id) == case
     assert Case.from_id("gdp-bf16-thd-N2-T[3_0]-H2/2/2-K64-V64-typical-l2norm").id.endswith("-nh1-l2norm")
     assert Case(op="gdn2").id == "gdn2-bf16-thd-N1-T[64]-H2/2/2-K64-V64-typical"
-    assert not any("-nh" in c.id for tier in ("L0", "L1", "L2") for c in tier_cases(tier))
+    assert not any("-nh" in c.id for tier in ("L0", "L1", "L2") for c in tier_cases(tier) if c.op != "gdp")
     with pytest.raises(CaseError, match="num_householder: op kda has no Householder steps"):
         Case.from_id("kda-bf16-thd-N1-T[3]-H2/2/2-K64-V64-typical-nh2")
     with pytest.raises(CaseError, match="num_householder: expected an int >= 1"):
@@ -53,11 +56,43 @@ def test_gdp_ids_name_the_householder_steps_and_other_ids_are_unchanged():
         Case(op="gdp", layout="sbhd", seqlens=(3, 3))
 
 
-def test_gdp_cases_are_canonical_and_kept_out_of_the_tiers():
+def test_gdp_cases_are_canonical_and_pinned_in_l0():
     assert [c.id for c in GDP_CASES] == list(GDP_IDS)
     assert {c.num_householder for c in GDP_CASES} == {1, 2, 3, 4}
     assert {c.head_config for c in GDP_CASES} == {"mha", "gqa", "gva"}
-    assert "gdp" not in TIER_OPS and not any(c.op == "gdp" for c in tier_cases("L0"))
+    assert "gdp" not in TIER_OPS  # the shared array's op axis; GDP has its own array
+    assert set(GDP_IDS) <= {c.id for c in tier_cases("L0")}
+
+
+@pytest.mark.parametrize("tier", ["L0", "L1", "L2"])
+def test_every_tier_covers_gdp_pairwise_over_its_own_axes(tier):
+    """GDP's array: every compatible pair of the tier's axes narrowed to GDP (thd; no guard) and the Householder
+    steps, and every GDP case valid for the op."""
+    gdp = [c for c in tier_cases(tier) if c.op == "gdp"]
+    axes = tier_axes(tier, "gdp")
+    covered, total, missing = interaction_coverage(gdp, axes, 2, compatible=functools.partial(compatible, axes=axes))
+    assert gdp and covered == total, missing[:5]
+    assert {c.layout for c in gdp} == {"thd"} and not any(c.beta_guard for c in gdp)
+    assert {str(c.num_householder) for c in gdp} >= set(axes["nh"])
+
+
+def test_generating_gdp_leaves_every_other_case_as_it_was(monkeypatch):
+    """GDP's arrays draw from their own seeds: without them the other ops' cases are the same, in the same order (a
+    run directory or a compare across the change still lines up)."""
+    from deltacheck.harness.tiers import target_envelopes
+
+    envelopes = target_envelopes()
+    with_gdp = {tier: matrix.tier_cases(tier, envelopes) for tier in ("L0", "L2")}
+    monkeypatch.setattr(matrix, "HOUSEHOLDER_OPS", ())
+    monkeypatch.setattr(matrix, "GDP_CASES", ())
+    matrix._reference_tier.cache_clear()
+    try:
+        for tier, cases in with_gdp.items():
+            without = matrix.tier_cases(tier, [e for e in envelopes if e.op != "gdp"])
+            assert [c.id for c in cases if c.op != "gdp"] == [c.id for c in without]
+            assert not any(c.op == "gdp" for c in without)
+    finally:
+        matrix._reference_tier.cache_clear()
 
 
 def test_gdp_inputs_carry_n_rows_per_token_for_k_v_beta():

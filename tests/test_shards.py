@@ -27,7 +27,7 @@ for var in ("NVTE_GDN2_TEST_REQUIRED", "NVTE_GDN_TEST_REQUIRED", "DELTACHECK_REQ
 for var in [v for v in ENV if v.startswith("PYTEST_XDIST")]:  # an inner pytest is not one of our workers
     ENV.pop(var)
 # 18 small forward-only cases of 11 families and all three tier ops: a whole run in seconds.
-SMALL_K = "N1 and not bwd and K64"
+SMALL_K = "N1 and not bwd and K64 and not gdp"
 QUICK = ["--backend", "chunked", "--reference", "oracle", "--no-baseline", "--in-process"]
 
 
@@ -100,8 +100,8 @@ def test_shards_are_balanced_by_cost(tier, n):
     cases = select(tier)
     loads = [selection_cost(s) for s in shard_plan(cases, n)]
     ratio = max(loads) / (sum(loads) / n)
-    # measured here: L0 1.022 / 1.029 / 1.030, L1 1.000 / 1.003 / 1.009 (docs/ci.md); the selection cut into n
-    # runs of equal count reaches 1.36 / 1.44 on L0 and 1.12 / 1.21 on L1 at n = 4 / 8
+    # measured here: L0 1.000 / 1.000 / 1.032, L1 1.000 / 1.000 / 1.001 (docs/ci.md); the selection cut into n
+    # runs of equal count reaches 1.46 / 1.56 on L0 and 1.53 / 2.25 on L1 at n = 4 / 8
     assert ratio < 1.08, f"{tier} in {n} shards: max/mean cost {ratio:.3f}, loads {loads}"
 
 

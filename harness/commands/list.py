@@ -8,8 +8,9 @@ import functools
 import sys
 
 from deltacheck.cases import CaseError, KExprError
+from deltacheck.cases.axes import compatible
 from deltacheck.cases.coverage import coverage_table
-from deltacheck.cases.matrix import TIER_AXES
+from deltacheck.cases.matrix import tier_axes
 from deltacheck.cases.spec import TIERS
 from deltacheck.cases.support import OPS
 from deltacheck.harness.availability import load_backend
@@ -70,9 +71,13 @@ def run_list(args: argparse.Namespace, out=None) -> int:
         for op in (ops if ops != [None] else OPS):
             envelope = backend_envelope(args.backend, op, sm=args.sm, backend=backend)
             inside = [c for c in cases if c.op == op and envelope.contains(c)]
-            rule = functools.partial(envelope.compatible, base=TIER_AXES[args.tier])
-            blocks.append((envelope.name, inside, rule, envelope.axes(TIER_AXES[args.tier]),
+            base = tier_axes(args.tier, op)
+            rule = functools.partial(envelope.compatible, base=base)
+            blocks.append((envelope.name, inside, rule, envelope.axes(base),
                            [m.name for m in envelope.members]))
+    elif len(ops) == 1 and ops[0] is not None:  # one op: coverage over the axes its cases are generated on
+        axes = {**tier_axes(args.tier, ops[0]), "op": (ops[0],)}
+        blocks.append((None, cases, functools.partial(compatible, axes=axes), axes, []))
     else:
         blocks.append((None, cases, None, None, []))
     try:

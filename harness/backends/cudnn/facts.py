@@ -200,6 +200,7 @@ ENVELOPES: dict[str, tuple[Envelope, ...]] = {
                  needs="cutile", source="cutile/kda_engine.py check_support"),
     ),
     "gdn2": (_frost("gdn2"),),  # FROST only: no cuTile, no Hopper engine
+    "gdp": (_frost("gdp"),),  # gdp_frost only (frost/gdp_engine.py: GdpFrostEngine, K and V in {64, 128})
 }
 
 
