@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -217,6 +218,7 @@ def main(argv=None):
     rows = results["rows"]
 
     def record(name, fn, *, prepare=None, mem=True):
+        started = time.monotonic()
         try:
             row = {"median_s": timeit(fn, device, warmup, reps)}
             if mem and device.type == "cuda":
@@ -227,6 +229,12 @@ def main(argv=None):
             traceback.print_exc(limit=3)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+        # each row as soon as it is measured: a run cut by a time limit keeps what it had (the table comes last)
+        peak = rows[name].get("peak_extra_bytes")
+        print(f"  {name:<34} " + (f"{rows[name]['median_s'] * 1e3:10.2f} ms" if "median_s" in rows[name]
+                                   else rows[name]["error"][:100])
+              + (f"  peak +{peak / 2**30:.2f} GiB" if peak else "")
+              + f"  ({time.monotonic() - started:.0f} s with warm-ups)", flush=True)
 
     def graph_row(name, fn):
         """``fn`` replayed from a CUDA graph: the forward's time without launch overhead (a diagnostic)."""

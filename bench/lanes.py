@@ -5,10 +5,11 @@ each pass's wall time, worker-seconds and where they went (the phase totals ever
     python bench/lanes.py --passes warm --jobs 8   # only a pass on the caches as they are
     nox -s bench -- lanes
 
-Cold means an empty Triton cache and no recorded autotune winners (a fresh DELTACHECK_CACHE_DIR and
-TRITON_CACHE_DIR, both in a scratch directory unless --cache-dir names one); warm reuses the caches the cold
-pass left. ``--winners FILE`` gives the cold pass recorded FLA autotune winners (deltacheck warmup), so it
-measures a cold runner that compiles one config per kernel. Every pass is an ordinary run directory under --out.
+Cold means an empty Triton cache and no winners recorded in the cache (a fresh DELTACHECK_CACHE_DIR and
+TRITON_CACHE_DIR, both in a scratch directory unless --cache-dir names one): what a fresh CI runner has, so the
+winners shipped for this GPU x Triton x FLA (harness/backends/fla/winners/) do apply. Warm reuses the caches the
+cold pass left (binaries and, with TRITON_CACHE_AUTOTUNING, autotune results). ``--winners FILE`` gives the cold
+pass more recorded FLA autotune winners (deltacheck warmup). Every pass is an ordinary run directory under --out.
 Targets (issue 17, one H200, -j 8): cold <= 8 min, warm <= 2 min.
 """
 

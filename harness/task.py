@@ -125,19 +125,26 @@ def task_summary(results: list[Result]) -> dict:
     """What a worker reports for a finished task (and what ``required.RequiredTally.add`` reads)."""
     statuses = Counter(r.status for r in results)
     fwd = next((r for r in results if r.check == "forward"), None)
-    executed = fwd is not None and fwd.status in JUDGED
+    executed = fwd is not None and _ran(fwd)
+    declined = fwd is not None and not executed and fwd.status == "skip"
     grads = [r for r in results if r.check.startswith("grad_")]
     return {
         "statuses": dict(statuses),
         "executed": executed,
-        "declined": fwd is not None and fwd.status == "skip",
-        "decline_reason": fwd.reason if fwd is not None and fwd.status == "skip" else "",
+        "declined": declined,
+        "decline_reason": fwd.reason if declined else "",
         # a backward case that ran forward: were its gradients judged, or declined?
         "backward_case": executed and bool(grads),
-        "backward_ran": any(r.status in JUDGED for r in grads),
-        "backward_reason": next((r.reason for r in grads if r.status == "skip"), ""),
+        "backward_ran": any(_ran(r) for r in grads),
+        "backward_reason": next((r.reason for r in grads if r.status == "skip" and not _ran(r)), ""),
         "known": dict(getattr(results, "known", {})),
         # the library declined a case its adapter declares it serves (required mode fails on it)
-        "declined_inside_envelope": (fwd is not None and fwd.status == "skip"
-                                     and bool(fwd.metrics.get("envelope_inside"))),
+        "declined_inside_envelope": declined and bool(fwd.metrics.get("envelope_inside")),
     }
+
+
+def _ran(result: Result) -> bool:
+    """The kernel ran and was judged. An ill-posed check (skipped because the same-precision baseline misses the
+    threshold too, harness/runner.py) ran as well: the case is unjudgeable at its dtype, the kernel refused
+    nothing, so it is neither a decline nor, in required mode, a refusal inside the envelope."""
+    return result.status in JUDGED or (result.status == "skip" and bool(result.metrics.get("ill_posed")))

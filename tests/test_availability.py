@@ -704,3 +704,32 @@ def test_cli_env_subprocess(clean_required):
                          capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stderr
     assert "pairs" in json.loads(res.stdout)
+
+
+def _forward(status, reason="", **metrics):
+    from deltacheck.harness.results import Result
+
+    return Result(case="kda-bf16-bshd-N1-L1-H2/2/4-K128-V128-steep", backend="cudnn", check="forward",
+                  status=status, reason=reason, metrics=metrics)
+
+
+@pytest.mark.parametrize("ill_posed", [True, False])
+def test_an_ill_posed_case_ran_it_was_not_declined(ill_posed):
+    """On the H200, DELTACHECK_REQUIRE=cudnn:kda failed both ways with 'declined 1 case(s) inside the envelope'
+    when the kernel had run a case whose bf16 baseline misses the threshold too (skipped as ill-posed). Such a
+    skip is an execution: not a decline, and not a refusal inside the envelope."""
+    from deltacheck.harness.required import RequiredTally
+    from deltacheck.harness.task import task_summary
+
+    skip = _forward("skip", "ill-posed at bf16: ..." if ill_posed else "cuDNN declined: no engine",
+                    envelope_inside=True, **({"ill_posed": True} if ill_posed else {}))
+    summary = task_summary([skip])
+    assert (summary["executed"], summary["declined"], summary["declined_inside_envelope"]) == (
+        (True, False, False) if ill_posed else (False, True, True))
+    tally = RequiredTally()
+    tally.add("cudnn", "kda", summary, skip.case)
+    tally.add("cudnn", "kda", task_summary([_forward("pass", envelope_inside=True)]), "another")
+    pair = ("cudnn", "kda")
+    failures = tally.failures({pair}, {pair: Verdict(True)})
+    assert (failures == []) is ill_posed, failures
+    assert tally.executed[pair] == (2 if ill_posed else 1)

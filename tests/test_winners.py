@@ -73,3 +73,20 @@ def test_where_winners_are_looked_up(monkeypatch, tmp_path):
     name = "NVIDIA_H200-triton3.6.0-fla0.6.0.json"
     assert [str(f) for f in files] == ["/a.json", str(tmp_path / "fla-winners" / name), str(winners.SHIPPED / name)]
     json.dumps(winners.record())  # without FLA loaded there is nothing to record, and no error
+
+
+def test_every_shipped_winners_file_is_named_for_its_versions_and_well_formed():
+    shipped = sorted(winners.SHIPPED.glob("*.json"))
+    assert shipped, "the H200 x Triton 3.6.0 x FLA 0.6.0 winners are shipped"
+    for path in shipped:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        assert path.name == winners.winners_name(data["gpu"], data["triton"], data["fla"])
+        assert data["kernels"] and all(name.startswith("fla.") for name in data["kernels"])
+        for entries in data["kernels"].values():
+            keys = [json.dumps(e["key"]) for e in entries]
+            assert len(keys) == len(set(keys)), f"{path.name}: one winner per key"
+            for entry in entries:
+                assert isinstance(entry["key"], list) and isinstance(entry["config"]["kwargs"], dict)
+                assert isinstance(entry["config"].get("num_warps", 4), int)
+        # what a run reads back is exactly what the file holds
+        assert winners.merge_files([path]) == data["kernels"]

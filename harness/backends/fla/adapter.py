@@ -98,11 +98,16 @@ class FlaBackend:
 
     # ------------------------------------------------------------------ the library
     def _import_fla(self):
-        """Import FLA with backend dispatch off (note it when that cannot be guaranteed), Triton's cache in
-        deltacheck's cache directory unless the user chose one, and recorded autotune winners applied."""
+        """Import FLA with backend dispatch off (note it when that cannot be guaranteed), Triton's cache (with its
+        autotune results) in deltacheck's cache directory unless the user chose otherwise, and recorded autotune
+        winners applied."""
         already = "fla" in sys.modules
         os.environ.setdefault(DISPATCH_ENV, "1")
         os.environ.setdefault("TRITON_CACHE_DIR", str(winners.cache_root() / "triton"))
+        # Triton caches binaries, but by default re-benchmarks every autotune config in each new process: a warm
+        # cache then still pays FLA's autotuning in every worker. This keeps the results beside the binaries
+        # (read when the kernels are decorated, so it must be set before FLA is imported).
+        os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
         fla = self._importer("fla")
         notes = list(_apply_winners()) if self._module is None else []
         if os.environ.get(DISPATCH_ENV) != "1":
