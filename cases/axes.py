@@ -73,6 +73,13 @@ def axis_values(case: Case) -> dict[str, str]:
     }
 
 
+# The ops each rule below names, from OP_SUPPORT once (compatible() runs ~10^5 times per generated tier)
+_OPS_WITH_LAYOUT = {layout: tuple(o for o, sup in OP_SUPPORT.items() if layout in sup.layouts)
+                    for layout in {x for sup in OP_SUPPORT.values() for x in sup.layouts}}
+_HOUSEHOLDER_OPS = tuple(o for o, sup in OP_SUPPORT.items() if sup.householder)
+_BETA_GUARD_OPS = tuple(o for o, sup in OP_SUPPORT.items() if "beta_guard" in sup.flags)
+
+
 def compatible(assignment: dict[str, str], axes: dict[str, tuple[str, ...]] = MAIN_AXES) -> bool:
     """Whether a (partial) assignment of main-axis values can belong to a valid, non-vacuous Case.
 
@@ -90,10 +97,9 @@ def compatible(assignment: dict[str, str], axes: dict[str, tuple[str, ...]] = MA
     op, dims = assignment.get("op"), assignment.get("dims")
     if op is not None and assignment.get("layout") not in (None, *OP_SUPPORT[op].layouts):
         return False  # GDP is packed thd only
-    if assignment.get("layout") is not None and not can(
-            "op", *(o for o, sup in OP_SUPPORT.items() if assignment["layout"] in sup.layouts)):
+    if assignment.get("layout") is not None and not can("op", *_OPS_WITH_LAYOUT.get(assignment["layout"], ())):
         return False
-    if "nh" in assignment and not can("op", *(o for o, sup in OP_SUPPORT.items() if sup.householder)):
+    if "nh" in assignment and not can("op", *_HOUSEHOLDER_OPS):
         return False
     if op is not None and dims is not None:
         k, v = map(int, dims.split("x"))
@@ -110,7 +116,7 @@ def compatible(assignment: dict[str, str], axes: dict[str, tuple[str, ...]] = MA
     if assignment.get("guard") == "on":
         if not can("l2norm", "on"):
             return False
-        if not can("op", *(o for o, sup in OP_SUPPORT.items() if "beta_guard" in sup.flags)):
+        if not can("op", *_BETA_GUARD_OPS):
             return False
     if assignment.get("l2norm") == "off" and assignment.get("guard") == "on":
         return False

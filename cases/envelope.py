@@ -37,6 +37,8 @@ class Envelope:
     sms: tuple[int, ...] | None = None
     needs: str | None = None
     source: str = ""  # where the facts were read (file and function of the library)
+    # axes() per base, memoized: the tier generator asks compatible() ~10^5 times per tier with one base
+    _narrowed: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         for axis, values in [*self.allowed.items(), *self.backward_allowed.items()]:
@@ -54,21 +56,34 @@ class Envelope:
     # ------------------------------------------------------------------ the axes, restricted
     def axes(self, base: Mapping[str, tuple[str, ...]] = MAIN_AXES) -> dict[str, tuple[str, ...]]:
         """``base`` narrowed to what this envelope serves (the op axis to its op; bwd to 'off' without one)."""
-        out = {}
-        for axis, values in base.items():
-            keep = {"op": (self.op,)}.get(axis, self.allowed.get(axis))
-            if axis == "bwd" and not self.backward:
-                keep = ("off",)
-            out[axis] = tuple(v for v in values if keep is None or v in keep)
-        return out
+        return dict(self._narrow(base)[0])
+
+    def _narrow(self, base: Mapping[str, tuple[str, ...]]) -> tuple[dict[str, tuple[str, ...]], bool]:
+        """(``axes(base)``, whether an axis is left empty), kept per base: by identity first (a generator passes
+        one base object throughout; the object is held, so its id is not reused), else by content."""
+        hit = self._narrowed.get(id(base))
+        if hit is not None and hit[0] is base:
+            return hit[1]
+        key = tuple(base.items())
+        found = self._narrowed.get(key)
+        if found is None:
+            out = {}
+            for axis, values in base.items():
+                keep = {"op": (self.op,)}.get(axis, self.allowed.get(axis))
+                if axis == "bwd" and not self.backward:
+                    keep = ("off",)
+                out[axis] = tuple(v for v in values if keep is None or v in keep)
+            found = self._narrowed[key] = (out, any(not values for values in out.values()))
+        self._narrowed[id(base)] = (base, found)
+        return found
 
     def compatible(self, row: Mapping[str, str], base: Mapping[str, tuple[str, ...]] = MAIN_AXES) -> bool:
         """Whether a (partial) row of axis values can be a case this envelope serves fully (what the tier
         generator asks), looking ahead at the values each open axis may still take within ``base`` (a tier's
         axes): the op-level rules of ``axes.compatible`` included."""
         row = {"op": self.op, **row}  # the op is fixed: a pair that no row of this op can hold is no target
-        narrow = self.axes(base)
-        if any(not values for values in narrow.values()):
+        narrow, empty_axis = self._narrow(base)
+        if empty_axis:
             return False  # this tier offers a value this engine serves on no axis
         if not self._serves(row, backward=row.get("bwd") == "on"):
             return False
