@@ -78,7 +78,8 @@ def main(argv=None) -> int:
     p.add_argument("--backend", action="append")
     p.add_argument("--op", action="append")
     p.add_argument("--jobs", "-j", type=int, default=8)
-    p.add_argument("--passes", default="cold,warm", help="comma list of cold, warm (default cold,warm)")
+    p.add_argument("--passes", default="cold,warm",
+                   help="comma list of cold, warm, in order; repeat one for a median (default cold,warm)")
     p.add_argument("--cache-dir", help="the caches to use (default: a fresh scratch directory)")
     p.add_argument("--winners", help="recorded FLA autotune winners for the cold pass")
     p.add_argument("--record-winners", action="store_true", help="each pass records the winners its workers held")
@@ -87,11 +88,14 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="runs/lanes", help="where the passes' run directories go")
     p.add_argument("--json", help="also write the numbers here")
     args = p.parse_args(argv)
+    passes = [name.strip() for name in args.passes.split(",") if name.strip()]
+    if set(passes) - {"cold", "warm"} or passes.count("cold") > 1 or ("cold" in passes and passes[0] != "cold"):
+        p.error(f"--passes: cold (once, first: the caches are empty only then) and warm (any number); got {args.passes!r}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     scratch = None if args.cache_dir else tempfile.TemporaryDirectory(prefix="deltacheck-lanes-")
     cache = Path(args.cache_dir) if args.cache_dir else Path(scratch.name)
-    rows = [_pass(name.strip(), args, cache, out) for name in args.passes.split(",") if name.strip()]
+    rows = [_pass(name, args, cache, out) for name in passes]
     names = sorted({k for r in rows for k in r["phases"]}, key=lambda k: -sum(r["phases"].get(k, 0.0) for r in rows))
     print(f"\nlanes: tier {args.tier}, backends {', '.join(args.backend or ['fla', 'cudnn'])}, -j {args.jobs}")
     print(f"{'':18}" + "".join(f"{r['pass']:>12}" for r in rows))
@@ -100,8 +104,16 @@ def main(argv=None) -> int:
                                       for r in rows))
     for name in names:
         print(f"  {name:16}" + "".join(f"{r['phases'].get(name, 0.0):>12.1f}" for r in rows))
-    if len(rows) == 2 and rows[1]["wall_s"]:
-        print(f"cold / warm wall: {rows[0]['wall_s'] / rows[1]['wall_s']:.2f}x")
+    # a pass named more than once (--passes cold,warm,warm,warm) is summarized by its median
+    walls = {name: sorted(r["wall_s"] for r in rows if r["pass"] == name) for name in {r["pass"] for r in rows}}
+    medians = {name: w[len(w) // 2] if len(w) % 2 else (w[len(w) // 2 - 1] + w[len(w) // 2]) / 2
+               for name, w in walls.items()}
+    for name in sorted(walls, key=lambda n: n != "cold"):
+        if len(walls[name]) > 1:
+            print(f"{name} wall: median {medians[name]:.1f} s of {len(walls[name])} passes "
+                  f"({', '.join(f'{w:.1f}' for w in walls[name])})")
+    if medians.get("warm") and "cold" in medians:
+        print(f"cold / warm wall: {medians['cold'] / medians['warm']:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     if scratch is not None:

@@ -11,7 +11,12 @@ the overlap with the others.
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
+import sys
+from pathlib import Path
 
+import deltacheck.cases as cases_package
 from deltacheck.cases import Case, CaseError
 from deltacheck.cases.envelope import EnvelopeUnion
 from deltacheck.cases.kexpr import compile_k
@@ -19,6 +24,7 @@ from deltacheck.cases.matrix import tier_cases as generated_tier
 from deltacheck.cases.support import OP_SUPPORT, OPS
 
 from .availability import backend_envelope
+from .cachedir import cache_root
 
 TIER_TARGETS: tuple[tuple[str, int | None], ...] = (("cudnn", 90), ("cudnn", 100), ("fla", None))
 
@@ -34,9 +40,48 @@ def target_envelopes() -> list[EnvelopeUnion]:
     return out
 
 
+# Generating a tier takes seconds (L0 ~1.5 s on the 2-core CI machine, L1 ~2 s), paid by every process: every
+# `deltacheck` command and every pytest session. The ids are kept on disk, keyed by everything the generation reads:
+# the generator's source (cases/*.py, this file) and the envelopes (their repr holds every field). A case id
+# round-trips to the very Case (tests/test_tiers_cache.py). DELTACHECK_TIER_CACHE names another directory, or 0 for
+# none. A process that changes the generator at run time (a test monkeypatching cases.matrix) must set it to 0.
+TIER_CACHE_ENV = "DELTACHECK_TIER_CACHE"
+_TIER_CACHE_FORMAT = "1"
+
+
+def tier_cache_file(tier: str, envelopes) -> Path | None:
+    """Where ``tier`` generated over ``envelopes`` is kept (None: the cache is off)."""
+    where = os.environ.get(TIER_CACHE_ENV, "")
+    if where == "0":
+        return None
+    digest = hashlib.sha256(f"{_TIER_CACHE_FORMAT}\n{sys.version_info[:2]}\n{tier}\n{envelopes!r}\n".encode())
+    sources = sorted(Path(cases_package.__file__).parent.glob("*.py")) + [Path(__file__)]
+    for path in sources:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return Path(where or cache_root() / "tiers") / f"{tier}-{digest.hexdigest()[:32]}.ids"
+
+
 @functools.cache
 def _tier(tier: str) -> tuple[Case, ...]:
-    return tuple(generated_tier(tier, target_envelopes()))
+    envelopes = target_envelopes()
+    path = tier_cache_file(tier, envelopes)
+    if path is not None:
+        try:
+            ids = path.read_text(encoding="utf-8").splitlines()
+            if ids and ids[-1] == "end":  # written whole (a torn file lacks it)
+                return tuple(Case.from_id(i) for i in ids[:-1])
+        except (OSError, UnicodeError, CaseError):
+            pass  # absent or unreadable: generate
+    cases = tuple(generated_tier(tier, envelopes))
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            part = path.with_name(f"{path.name}.{os.getpid()}.part")
+            part.write_text("".join(f"{c.id}\n" for c in cases) + "end\n", encoding="utf-8")
+            os.replace(part, path)  # atomic: concurrent processes write the same bytes
+        except OSError:
+            pass  # a read-only cache directory costs the generation next time, nothing else
+    return cases
 
 
 def tier_cases(tier: str) -> list[Case]:

@@ -1,8 +1,18 @@
 import os
+import tempfile
+from pathlib import Path
 
+import pytest
 import torch
 
+from deltacheck.harness.cli import main as cli_main
+
 pytest_plugins = ["deltacheck.harness.pytest_plugin"]
+
+# The generated tiers are kept on disk (harness/tiers.py); the suite keeps its own, shared by its xdist workers and
+# the processes its tests start, never the user's: a test may generate under a monkeypatched generator.
+if not os.environ.get("DELTACHECK_TIER_CACHE"):
+    os.environ["DELTACHECK_TIER_CACHE"] = tempfile.mkdtemp(prefix="deltacheck-tests-tiers-")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One thread per xdist worker: the CI machine has 2 cores and runs 2 workers.
@@ -12,3 +22,29 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 def pytest_addoption(parser):
     parser.addoption("--dc-exhaustive", action="store_true",
                      help="also run the checks over every case of L1 and L2 (tens of minutes on a CPU)")
+
+
+@pytest.fixture
+def run_cli(monkeypatch, capsys):
+    """``deltacheck ARGV`` in this process, as the console script runs it: ``(exit status, stdout + stderr)``.
+    ``env`` sets variables for the call (None unsets one); tests/ is importable (the fake backends). In-process
+    because a subprocess pays Python, torch and the tier's generation again (seconds each, on 2 cores shared by
+    2 xdist workers); the console script itself is `sys.exit(main())`, and other tests start it for real."""
+
+    def run(argv, env=None):
+        monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
+        monkeypatch.setenv("CI", "1")
+        for name, value in (env or {}).items():
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        capsys.readouterr()
+        try:
+            status = cli_main(argv)
+        except SystemExit as exit_:  # argparse's usage errors
+            status = exit_.code if isinstance(exit_.code, int) else 2
+        captured = capsys.readouterr()
+        return status, captured.out + captured.err
+
+    return run

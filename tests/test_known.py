@@ -169,12 +169,10 @@ KNOWN_SITUATIONS = {
 }
 
 
-def cli_outcome(tmp_path, known: Path):
-    argv = [sys.executable, "-m", "deltacheck", "run", "--backend", "fake_backends:NaNOnOneCase", "--tier", "L0",
-            "--limit", "3", "-k", SELECTION, "--out", str(tmp_path / "cli"), "--in-process", "--no-baseline",
-            "--reference", "oracle", "--known-issues", str(known)]
-    proc = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=300)
-    return proc.returncode, proc.stdout + proc.stderr
+def cli_outcome(run_cli, tmp_path, known: Path):
+    return run_cli(["run", "--backend", "fake_backends:NaNOnOneCase", "--tier", "L0", "--limit", "3", "-k", SELECTION,
+                    "--out", str(tmp_path / "cli"), "--in-process", "--no-baseline", "--reference", "oracle",
+                    "--known-issues", str(known)], env={"DELTACHECK_KNOWN_ISSUES": None})
 
 
 def pytest_outcome(known: Path):
@@ -187,10 +185,10 @@ def pytest_outcome(known: Path):
 
 
 @pytest.mark.parametrize("situation", list(KNOWN_SITUATIONS))
-def test_cli_and_pytest_agree_on_known_issues(situation, tmp_path):
+def test_cli_and_pytest_agree_on_known_issues(situation, tmp_path, run_cli):
     where, extra, fails, line = KNOWN_SITUATIONS[situation]
     known = write(tmp_path, ENTRY.format(where=where, extra=extra))
-    cli_rc, cli_text = cli_outcome(tmp_path, known)
+    cli_rc, cli_text = cli_outcome(run_cli, tmp_path, known)
     py_rc, py_text = pytest_outcome(known)
     assert (cli_rc != 0, py_rc != 0) == (fails, fails), f"CLI exit {cli_rc}:\n{cli_text}\npytest exit {py_rc}:\n{py_text}"
     assert "Traceback" not in cli_text + py_text
@@ -202,9 +200,9 @@ def test_cli_and_pytest_agree_on_known_issues(situation, tmp_path):
         assert "known issue no longer reproduces" in py_text, py_text
 
 
-def test_a_malformed_known_issues_file_is_a_usage_error_in_both(tmp_path):
+def test_a_malformed_known_issues_file_is_a_usage_error_in_both(tmp_path, run_cli):
     known = write(tmp_path, GOOD.replace('evidence = "e"\n', ""))
-    cli_rc, cli_text = cli_outcome(tmp_path, known)
+    cli_rc, cli_text = cli_outcome(run_cli, tmp_path, known)
     py_rc, py_text = pytest_outcome(known)
     assert cli_rc == 2 and "missing or empty evidence" in cli_text and "Traceback" not in cli_text
     assert py_rc != 0 and "missing or empty evidence" in py_text

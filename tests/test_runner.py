@@ -120,14 +120,13 @@ SITUATIONS = {
 }
 
 
-def cli_outcome(spec, k, require, tmp_path, limit=2):
-    env = dict(ENV, DELTACHECK_REQUIRE=require) if require else dict(ENV)
-    argv = [sys.executable, "-m", "deltacheck", "run", "--backend", spec, "--tier", "L0", "--limit", str(limit),
-            "--out", str(tmp_path / "cli"), "--in-process", "--no-baseline", "--reference", "oracle"]
+def cli_outcome(run_cli, spec, k, require, tmp_path, limit=2):
+    argv = ["run", "--backend", spec, "--tier", "L0", "--limit", str(limit), "--out", str(tmp_path / "cli"),
+            "--in-process", "--no-baseline", "--reference", "oracle"]
     if k:
         argv += ["-k", k]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
-    return proc.returncode, proc.stdout + proc.stderr
+    return run_cli(argv, env={"DELTACHECK_REQUIRE": require, "NVTE_GDN2_TEST_REQUIRED": None,
+                              "NVTE_GDN_TEST_REQUIRED": None})
 
 
 def pytest_outcome(spec, k, require, limit=2):
@@ -142,12 +141,12 @@ def pytest_outcome(spec, k, require, limit=2):
 
 @pytest.mark.parametrize("required", [True, False], ids=["required", "not-required"])
 @pytest.mark.parametrize("situation", list(SITUATIONS))
-def test_cli_and_pytest_agree(situation, required, tmp_path):
+def test_cli_and_pytest_agree(situation, required, tmp_path, run_cli):
     """One required-mode verdict: `deltacheck run` and the pytest plugin reach the same exit status in every
     situation, and say why in the same words (harness/required.py owns the tally and the report)."""
     spec, k, pair, limit, fails_required, fails_otherwise = SITUATIONS[situation]
     require = pair if required else None
-    cli_rc, cli_text = cli_outcome(spec, k, require, tmp_path, limit)
+    cli_rc, cli_text = cli_outcome(run_cli, spec, k, require, tmp_path, limit)
     py_rc, py_text = pytest_outcome(spec, k, require, limit)
     fails = (cli_rc != 0, py_rc != 0)
     assert fails[0] == fails[1], f"CLI exit {cli_rc}, pytest exit {py_rc}\nCLI:\n{cli_text}\npytest:\n{py_text}"

@@ -21,18 +21,12 @@ import re
 import sys
 from pathlib import Path
 
+from deltacheck.harness.cachedir import cache_root
+
 RECORD_ENV = "DELTACHECK_RECORD_WINNERS"  # a directory: each process writes winners.<pid>.json there at exit
 FILES_ENV = "DELTACHECK_FLA_WINNERS"  # files to read (os.pathsep-separated) before the default ones
 SHIPPED = Path(__file__).with_name("winners")
 _CONFIG_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
-
-
-def cache_root() -> Path:
-    """deltacheck's cache directory: ``$DELTACHECK_CACHE_DIR``, else ``$XDG_CACHE_HOME/deltacheck``, else
-    ``~/.cache/deltacheck`` (docs/ci.md: keep it between CI runs)."""
-    if os.environ.get("DELTACHECK_CACHE_DIR"):
-        return Path(os.environ["DELTACHECK_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "deltacheck"
 
 
 def winners_name(gpu: str, triton: str, fla: str) -> str:
