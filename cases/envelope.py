@@ -59,13 +59,13 @@ class Envelope:
         return dict(self._narrow(base)[0])
 
     def _narrow(self, base: Mapping[str, tuple[str, ...]]) -> tuple[dict[str, tuple[str, ...]], bool]:
-        """(``axes(base)``, whether an axis is left empty), kept per base: by identity first (a generator passes
-        one base object throughout; the object is held, so its id is not reused), else by content."""
-        hit = self._narrowed.get(id(base))
-        if hit is not None and hit[0] is base:
-            return hit[1]
-        key = tuple(base.items())
-        found = self._narrowed.get(key)
+        """(``axes(base)``, whether an axis is left empty), kept per base's contents (a base changed in place is
+        another key; a base that cannot be hashed is narrowed every time)."""
+        try:
+            key = tuple((axis, tuple(values)) for axis, values in base.items())
+            found = self._narrowed.get(key)
+        except TypeError:
+            key, found = None, None
         if found is None:
             out = {}
             for axis, values in base.items():
@@ -73,8 +73,9 @@ class Envelope:
                 if axis == "bwd" and not self.backward:
                     keep = ("off",)
                 out[axis] = tuple(v for v in values if keep is None or v in keep)
-            found = self._narrowed[key] = (out, any(not values for values in out.values()))
-        self._narrowed[id(base)] = (base, found)
+            found = (out, any(not values for values in out.values()))
+            if key is not None:
+                self._narrowed[key] = found
         return found
 
     def compatible(self, row: Mapping[str, str], base: Mapping[str, tuple[str, ...]] = MAIN_AXES) -> bool:

@@ -22,7 +22,8 @@ of cases within 0.53-1.68; docs/ci.md)::
 **The balancing** is longest-processing-time-first over families: a family goes whole to the shard with the
 least cost so far. A family is split only when it alone costs more than a shard's share (total / n), into
 ``ceil(cost x n / total)`` pieces (and into more only when there would otherwise be fewer pieces than shards,
-so no shard is empty while the selection has n cases). Then a local search: while moving one piece out of the
+so no shard is empty while the selection has n cases); a piece never goes to a shard holding another piece of its
+family. Then a local search: while moving one piece out of the
 dearest shard, or swapping it for one of another shard's, brings that shard's load down, do the best such move.
 Ties are broken by family key, then shard number, and costs are integers, so the result never depends on dict
 order, hashing or float rounding.
@@ -135,7 +136,9 @@ def shard_plan(cases: Sequence[Case], n: int) -> list[list[Case]]:
     placed: list[set] = [set() for _ in range(n)]
     items: list[list[tuple]] = [[] for _ in range(n)]
     for item in work:
-        s = min(range(n), key=lambda s: (loads[s], s))
+        # a piece goes where no other piece of its family is (a split family is spread, as the split meant)
+        free = [s for s in range(n) if item[1] not in placed[s]] or range(n)
+        s = min(free, key=lambda s: (loads[s], s))
         loads[s] += item[0] - (FAMILY_NS if item[1] in placed[s] else 0)  # two pieces in one shard compile once
         placed[s].add(item[1])
         items[s].append(item)

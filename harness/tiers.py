@@ -54,11 +54,14 @@ def tier_cache_file(tier: str, envelopes) -> Path | None:
     where = os.environ.get(TIER_CACHE_ENV, "")
     if where == "0":
         return None
-    digest = hashlib.sha256(f"{_TIER_CACHE_FORMAT}\n{sys.version_info[:2]}\n{tier}\n{envelopes!r}\n".encode())
-    sources = sorted(Path(cases_package.__file__).parent.glob("*.py")) + [Path(__file__)]
-    for path in sources:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return Path(where or cache_root() / "tiers") / f"{tier}-{digest.hexdigest()[:32]}.ids"
+    try:
+        root = Path(where) if where else cache_root() / "tiers"
+        digest = hashlib.sha256(f"{_TIER_CACHE_FORMAT}\n{sys.version_info[:2]}\n{tier}\n{envelopes!r}\n".encode())
+        for path in sorted(Path(cases_package.__file__).parent.glob("*.py")) + [Path(__file__)]:
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    except (OSError, RuntimeError):  # no home directory (Path.home), unreadable sources: run without the cache
+        return None
+    return root / f"{tier}-{digest.hexdigest()[:32]}.ids"
 
 
 @functools.cache
@@ -74,13 +77,13 @@ def _tier(tier: str) -> tuple[Case, ...]:
             pass  # absent or unreadable: generate
     cases = tuple(generated_tier(tier, envelopes))
     if path is not None:
+        part = path.with_name(f"{path.name}.{os.getpid()}.part")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            part = path.with_name(f"{path.name}.{os.getpid()}.part")
             part.write_text("".join(f"{c.id}\n" for c in cases) + "end\n", encoding="utf-8")
             os.replace(part, path)  # atomic: concurrent processes write the same bytes
-        except OSError:
-            pass  # a read-only cache directory costs the generation next time, nothing else
+        except OSError:  # a read-only or full cache directory costs the generation next time, nothing else
+            part.unlink(missing_ok=True)
     return cases
 
 

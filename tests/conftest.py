@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -10,9 +12,12 @@ from deltacheck.harness.cli import main as cli_main
 pytest_plugins = ["deltacheck.harness.pytest_plugin"]
 
 # The generated tiers are kept on disk (harness/tiers.py); the suite keeps its own, shared by its xdist workers and
-# the processes its tests start, never the user's: a test may generate under a monkeypatched generator.
-if not os.environ.get("DELTACHECK_TIER_CACHE"):
-    os.environ["DELTACHECK_TIER_CACHE"] = tempfile.mkdtemp(prefix="deltacheck-tests-tiers-")
+# the processes its tests start (they inherit the variable), never the user's: a test may generate under a
+# monkeypatched generator. DELTACHECK_TIER_CACHE=0 (cache off) is respected. The process that made it removes it.
+if os.environ.get("DELTACHECK_TIER_CACHE") != "0" and not os.environ.get("DELTACHECK_TESTS_TIER_CACHE"):
+    _tier_cache = tempfile.mkdtemp(prefix="deltacheck-tests-tiers-")
+    os.environ["DELTACHECK_TIER_CACHE"] = os.environ["DELTACHECK_TESTS_TIER_CACHE"] = _tier_cache
+    atexit.register(shutil.rmtree, _tier_cache, ignore_errors=True)
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One thread per xdist worker: the CI machine has 2 cores and runs 2 workers.

@@ -122,3 +122,18 @@ def test_agreement_leaves_no_note():
     case = next(c for c in tier_cases("L0") if c.op == "kda" and backend.check(c, CAPABLE).runnable)
     note = envelope_verdict(backend, "fla", case, CAPABLE, backend.check(case, CAPABLE))
     assert note["envelope_inside"] and note["envelope_disagreement"] == ""
+
+
+def test_an_envelope_narrows_a_base_changed_in_place_anew():
+    """The narrowed axes are memoized per base; a base dict changed in place is another key (found by review: an
+    id-keyed memo returned the old narrowing)."""
+    from deltacheck.cases.axes import MAIN_AXES
+    from deltacheck.cases.envelope import Envelope
+
+    envelope = Envelope(name="test", op="gdn", allowed={"dims": ("64x64",)})
+    base = dict(MAIN_AXES)
+    assert envelope.axes(base)["dims"] == ("64x64",)
+    base["dims"] = ("128x128",)
+    assert envelope.axes(base)["dims"] == ()
+    assert not envelope.compatible({"dims": "64x64"}, base)
+    assert envelope.axes({k: list(v) for k, v in MAIN_AXES.items()})["dims"] == ("64x64",)  # unhashable: no memo

@@ -71,3 +71,21 @@ def test_zero_turns_the_cache_off(tmp_path, monkeypatch):
         assert not list(tmp_path.rglob("*.ids"))
     finally:
         tiers._tier.cache_clear()
+
+
+def test_without_a_home_directory_the_tiers_are_generated_without_the_cache(monkeypatch):
+    """Path.home() raises when HOME is unset and the uid has no passwd entry (a container's --user): the cache is
+    off then, never the reason a command fails."""
+    monkeypatch.delenv(tiers.TIER_CACHE_ENV, raising=False)
+    monkeypatch.delenv("DELTACHECK_CACHE_DIR", raising=False)
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(tiers, "cache_root", no_home)
+    tiers._tier.cache_clear()
+    try:
+        assert tiers.tier_cache_file("L2", tiers.target_envelopes()) is None
+        assert tiers.tier_cases("L2") == generated("L2")
+    finally:
+        tiers._tier.cache_clear()

@@ -107,6 +107,7 @@ class FlaBackend:
         # Triton caches binaries, but by default re-benchmarks every autotune config in each new process: a warm
         # cache then still pays FLA's autotuning in every worker. This keeps the results beside the binaries
         # (read when the kernels are decorated, so it must be set before FLA is imported).
+        autotune_cache_was_set = "TRITON_CACHE_AUTOTUNING" in os.environ
         os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
         fla = self._importer("fla")
         notes = list(_apply_winners()) if self._module is None else []
@@ -117,6 +118,9 @@ class FlaBackend:
         if already and backends is not None and getattr(backends, "_DISPATCH_DISABLED", True) is False:
             notes.append(f"fla was imported before deltacheck set {DISPATCH_ENV}=1; backend dispatch is ON "
                          "for this process, so an op may run another package's kernel")
+        if already and not autotune_cache_was_set:
+            notes.append("fla was imported before deltacheck set TRITON_CACHE_AUTOTUNING=1: this process keeps no "
+                         "autotune results on disk (set it before importing fla)")
         self._import_notes = tuple(notes)
         return fla
 
