@@ -19,6 +19,7 @@ from deltacheck.cases.envelope import EnvelopeUnion
 from deltacheck.cases.support import OPS
 
 from .backends.base import Backend, BackendLoadError, Verdict, get_backend
+from .environment import version_below
 
 
 def merge_verdicts(*verdicts: Verdict) -> Verdict:
@@ -52,6 +53,19 @@ def gathered(pair: str, unmet: list[str], notes: list[str], *, backward_reason: 
 def no_cuda_reason(env) -> str:
     extra = f" ({env.probe_errors['cuda']})" if env.probe_errors.get("cuda") else ""
     return f"needs a CUDA GPU — torch.cuda.is_available() is False{extra}; run on a GPU runner"
+
+
+def package_floor(version: str | None, dist: str, floor: str, why: str, install: str,
+                  unmet: list[str], notes: list[str]) -> None:
+    """A package's floor, as every adapter's ``pair_verdict`` states it: not installed or below ``floor`` (``why``)
+    goes to ``unmet``; an unreadable version to ``notes`` (the floor unchecked, the pair not refused for it)."""
+    below = None if version is None else version_below(version, floor)
+    if version is None:
+        unmet.append(f"{dist} is not installed; {install}")
+    elif below is None:
+        notes.append(f"{dist} version {version!r} is unreadable; the {floor} floor was not checked")
+    elif below:
+        unmet.append(f"{dist} {version} < {floor} ({why}); {install}")
 
 
 def floors_then_library(floors: Verdict, library: Callable[[], Verdict]) -> Verdict:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from deltacheck.cases.envelope import Envelope
-from deltacheck.harness.availability import gathered, no_cuda_reason
-from deltacheck.harness.environment import Env, version_below, version_in
+from deltacheck.harness.availability import gathered, no_cuda_reason, package_floor
+from deltacheck.harness.environment import Env, version_in
 
 from ..base import Verdict
 
@@ -50,15 +50,8 @@ def pair_verdict(backend: str, op: str, env: Env) -> Verdict:
     notes: list[str] = []
     if not env.cuda:
         unmet.append(no_cuda_reason(env))
-    fla = env.version("fla")
-    if fla is None:
-        unmet.append(f"fla-core is not installed; {INSTALL}")
-    elif version_below(fla, FLOOR) is None:
-        notes.append(f"fla-core version {fla!r} is unreadable; the 0.6 floor was not checked")
-    elif version_below(fla, FLOOR):
-        unmet.append(
-            f"fla-core {fla} < {FLOOR} (the adapter targets the 0.6 API: chunk_gdn2, state_v_first); {INSTALL}"
-        )
+    package_floor(env.version("fla"), "fla-core", FLOOR, "the adapter targets the 0.6 API: chunk_gdn2, state_v_first",
+                  INSTALL, unmet, notes)
     triton = env.version("triton")
     if triton is None:
         unmet.append("triton is not installed (FLA compiles its kernels with Triton); pip install triton")

@@ -11,8 +11,8 @@ modules are thin: each calls a cuDNN frontend op (``cudnn.linear_attention.ops``
 
 from __future__ import annotations
 
-from deltacheck.harness.availability import gathered, no_cuda_reason
-from deltacheck.harness.environment import Env, version_below
+from deltacheck.harness.availability import gathered, no_cuda_reason, package_floor
+from deltacheck.harness.environment import Env
 from deltacheck.harness.required import strip_pair
 
 from ..base import Verdict
@@ -59,13 +59,8 @@ def pair_verdict(backend: str, op: str, env: Env) -> Verdict:
     notes: list[str] = []
     if not env.cuda:
         unmet.append(no_cuda_reason(env))
-    te = env.version("transformer_engine")
-    if te is None:
-        unmet.append(f"{DIST} is not installed; {INSTALL}")
-    elif version_below(te, FLOOR) is None:
-        notes.append(f"{DIST} version {te!r} is unreadable; the {FLOOR} floor was not checked")
-    elif version_below(te, FLOOR):
-        unmet.append(f"{DIST} {te} < {FLOOR} (no linear-attention modules before 2.20); {INSTALL}")
+    package_floor(env.version("transformer_engine"), DIST, FLOOR, "no linear-attention modules before 2.20", INSTALL,
+                  unmet, notes)
     if env.cuda:
         under = cudnn_facts.pair_verdict(op, env)
         if not under.runnable:
