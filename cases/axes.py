@@ -5,7 +5,7 @@ combinations of them a valid Case can have (``compatible``). Covering arrays are
 from __future__ import annotations
 
 from .spec import BETA_PROFILES, GATE_PROFILES, IO_DTYPES, LAYOUTS, STATE_DTYPES, Case
-from .support import HEAD_CONFIGS, OP_SUPPORT, TIER_OPS
+from .support import HEAD_CONFIGS, HOUSEHOLDER_OPS, OP_SUPPORT, TIER_OPS
 
 GATE_MODES = ("log", "linear", "safe", "safe_alog", "safe_dtbias", "safe_alog_dtbias")
 BETA_MODES = ("plain", "sigmoid", "negeig")
@@ -76,7 +76,6 @@ def axis_values(case: Case) -> dict[str, str]:
 # The ops each rule below names, from OP_SUPPORT once (compatible() runs ~10^5 times per generated tier)
 _OPS_WITH_LAYOUT = {layout: tuple(o for o, sup in OP_SUPPORT.items() if layout in sup.layouts)
                     for layout in {x for sup in OP_SUPPORT.values() for x in sup.layouts}}
-_HOUSEHOLDER_OPS = tuple(o for o, sup in OP_SUPPORT.items() if sup.householder)
 _BETA_GUARD_OPS = tuple(o for o, sup in OP_SUPPORT.items() if "beta_guard" in sup.flags)
 
 
@@ -99,7 +98,7 @@ def compatible(assignment: dict[str, str], axes: dict[str, tuple[str, ...]] = MA
         return False  # GDP is packed thd only
     if assignment.get("layout") is not None and not can("op", *_OPS_WITH_LAYOUT.get(assignment["layout"], ())):
         return False
-    if "nh" in assignment and not can("op", *_HOUSEHOLDER_OPS):
+    if "nh" in assignment and not can("op", *HOUSEHOLDER_OPS):
         return False
     if op is not None and dims is not None:
         k, v = map(int, dims.split("x"))

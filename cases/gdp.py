@@ -2,7 +2,7 @@
 
 GDP (``num_householder`` beta-gated Householder updates per token, cuDNN FE ``gated_delta_product``, TE
 ``GatedDeltaProductAttention``) is generated in every tier as its own covering array (``cases/matrix.py``:
-``HOUSEHOLDER_OPS``, ``tier_axes``), over the tier's axes narrowed to packed thd plus ``nh``. These hand-written
+``tier_axes``, over ``support.HOUSEHOLDER_OPS``), over the tier's axes narrowed to packed thd plus ``nh``. These hand-written
 cases are the ones a covering array would only meet by chance: together they meet n = 1 (GDP is then GDN), 2, 3
 and 4; ragged thd with empty and one-token sequences; continuation splits; the backward; every GDP flag (l2norm,
 the beta sigmoid and neg-eig, the linear gate, the softplus safe gate with and without a_log/dt_bias, a custom

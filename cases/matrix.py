@@ -21,7 +21,7 @@ from .envelope import Envelope
 from .gdp import GDP_CASES
 from .kexpr import compile_k
 from .spec import IO_DTYPES, LAYOUTS, STATE_DTYPES, TIERS, Case, CaseError
-from .support import HEAD_CONFIGS, OP_SUPPORT
+from .support import HEAD_CONFIGS, HOUSEHOLDER_OPS, OP_SUPPORT
 
 # ------------------------------------------------------------------- rows -> concrete Cases
 
@@ -191,7 +191,6 @@ TIER_AXES = {"L0": _L0_AXES, "L1": MAIN_AXES, "L2": _L2_AXES}
 # left every other generated case as it was. The steps: n = 1 (GDP is then GDN), 2 and 3 in L0 (the reference's
 # cost grows with n), 4 too in L1, 2 and 4 in L2.
 _HOUSEHOLDER_STEPS = {"L0": ("1", "2", "3"), "L1": ("1", "2", "3", "4"), "L2": ("2", "4")}
-HOUSEHOLDER_OPS = tuple(op for op, sup in OP_SUPPORT.items() if sup.householder)
 _HOUSEHOLDER_TRIPLE_AXES = {"L0": (("io_dtype", "state_dtype", "nh"),), "L1": (("io_dtype", "lengths", "nh"),),
                             "L2": (("lengths", "gate", "nh"),)}
 
@@ -289,15 +288,20 @@ def tier_cases(tier: str, envelopes: Sequence[Envelope] = ()) -> list[Case]:
     return list(_dedupe(cases))
 
 
-def select(tier: str = "L0", op: str | None = None, k: str | None = None,
-           envelopes: Sequence[Envelope] = ()) -> list[Case]:
-    """The cases of `tier`, optionally only those of `op` and those whose id matches the `-k` expression."""
+def filter_cases(cases: Sequence[Case], op: str | None = None, k: str | None = None) -> list[Case]:
+    """``cases``, optionally only those of ``op`` and those whose id matches the ``-k`` expression."""
     if op is not None and op not in OP_SUPPORT:
         raise CaseError("op", f"expected one of {', '.join(OP_SUPPORT)}; got {op!r}")
-    cases = tier_cases(tier, envelopes)
+    cases = list(cases)
     if op is not None:
         cases = [c for c in cases if c.op == op]
     if k:
         matches = compile_k(k)
         cases = [c for c in cases if matches(c.id)]
     return cases
+
+
+def select(tier: str = "L0", op: str | None = None, k: str | None = None,
+           envelopes: Sequence[Envelope] = ()) -> list[Case]:
+    """The cases of `tier`, optionally only those of `op` and those whose id matches the `-k` expression."""
+    return filter_cases(tier_cases(tier, envelopes), op, k)

@@ -153,5 +153,6 @@ OP_SUPPORT: dict[str, OpSupport] = {
 OPS = tuple(OP_SUPPORT)
 
 # The ops of the tiers' main covering arrays (cases/axes.py, cases/matrix.py). GDP, the op with Householder steps,
-# has an array of its own per tier (cases/matrix.py: HOUSEHOLDER_OPS), so adding it changed no other case's id.
+# has an array of its own per tier (HOUSEHOLDER_OPS; cases/matrix.py), so adding it changed no other case's id.
 TIER_OPS = ("gdn", "kda", "gdn2")
+HOUSEHOLDER_OPS = tuple(op for op, sup in OP_SUPPORT.items() if sup.householder)

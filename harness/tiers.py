@@ -19,9 +19,9 @@ from pathlib import Path
 import deltacheck.cases as cases_package
 from deltacheck.cases import Case, CaseError
 from deltacheck.cases.envelope import EnvelopeUnion
-from deltacheck.cases.kexpr import compile_k
+from deltacheck.cases.matrix import filter_cases
 from deltacheck.cases.matrix import tier_cases as generated_tier
-from deltacheck.cases.support import OP_SUPPORT, OPS
+from deltacheck.cases.support import OPS
 
 from .availability import backend_envelope
 from .cachedir import cache_root
@@ -94,12 +94,4 @@ def tier_cases(tier: str) -> list[Case]:
 
 def select(tier: str = "L0", op: str | None = None, k: str | None = None) -> list[Case]:
     """The cases of ``tier``, optionally only those of ``op`` and those whose id matches the ``-k`` expression."""
-    if op is not None and op not in OP_SUPPORT:
-        raise CaseError("op", f"expected one of {', '.join(OP_SUPPORT)}; got {op!r}")
-    cases = tier_cases(tier)
-    if op is not None:
-        cases = [c for c in cases if c.op == op]
-    if k:
-        matches = compile_k(k)
-        cases = [c for c in cases if matches(c.id)]
-    return cases
+    return filter_cases(_tier(tier), op, k)

@@ -20,8 +20,8 @@ from deltacheck.cases import (
     interaction_coverage,
     pair_coverage,
 )
-from deltacheck.cases.matrix import HOUSEHOLDER_OPS, L0_MAX_HEADS, L0_MAX_TOKENS, covering_rows
-from deltacheck.cases.support import TIER_OPS
+from deltacheck.cases.matrix import L0_MAX_HEADS, L0_MAX_TOKENS, covering_rows
+from deltacheck.cases.support import HOUSEHOLDER_OPS, TIER_OPS
 from deltacheck.harness.cli import main as cli_main
 from deltacheck.harness.tiers import select, tier_cases
 

@@ -51,7 +51,8 @@ def _prefix(case: Case, inputs: dict, length: int) -> tuple[Case, dict]:
         per_step = (idx[:, None] * steps + torch.arange(steps)).reshape(-1)
         for name in tokenwise:
             if inputs.get(name) is not None:
-                out[name] = inputs[name].index_select(0, per_step if name in ("k", "v", "beta") else idx)
+                rows = per_step if name in case.support.subtoken_inputs else idx
+                out[name] = inputs[name].index_select(0, rows)
         offsets = [0]
         for n in clipped:
             offsets.append(offsets[-1] + n)
