@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from child_env import ENV, TESTS
 
 from deltacheck.cases import Case
 from deltacheck.harness.environment import Env
@@ -22,14 +23,6 @@ from deltacheck.harness.known import (
     outcomes,
 )
 from deltacheck.harness.results import Result
-
-TESTS = Path(__file__).resolve().parent
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]), "CI": "1"}
-for var in ("NVTE_GDN2_TEST_REQUIRED", "NVTE_GDN_TEST_REQUIRED", "DELTACHECK_REQUIRE", "DELTACHECK_PYTEST_RUN_DIR",
-            "DELTACHECK_KNOWN_ISSUES"):
-    ENV.pop(var, None)
-for var in [v for v in ENV if v.startswith("PYTEST_XDIST")]:  # the inner pytest is not one of our workers
-    ENV.pop(var)
 
 H200 = Env(cuda=True, device_name="NVIDIA H200", capability=(9, 0),
            versions={"cudnn_frontend": "1.32.0", "fla": "0.6.0"})

@@ -13,16 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from child_env import ENV, TESTS
 
 from deltacheck.harness.cli import main as cli_main
 from deltacheck.harness.tiers import select
 
-TESTS = Path(__file__).resolve().parent
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]), "CI": "1"}
-for var in ("NVTE_GDN2_TEST_REQUIRED", "NVTE_GDN_TEST_REQUIRED", "DELTACHECK_REQUIRE", "DELTACHECK_PYTEST_RUN_DIR"):
-    ENV.pop(var, None)
-for var in [v for v in ENV if v.startswith("PYTEST_XDIST")]:  # an inner pytest is not one of our workers
-    ENV.pop(var)
 # Two small cases: seconds per run.
 CASE_A = "gdn2-fp16-thd-N1-T[33]-H2/2/2-K64-V64-typical"
 CASE_B = "gdn-bf16-thd-N2-T[1_20]-H2/2/2-K64-V64-steep"

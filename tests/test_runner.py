@@ -10,18 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from child_env import ENV, TESTS
 
 from deltacheck.harness.cli import main as cli_main
 from deltacheck.harness.execute import execute
 from deltacheck.harness.runner import RunOptions
 from deltacheck.harness.tiers import select
 
-TESTS = Path(__file__).resolve().parent
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]), "CI": "1"}
-for var in ("NVTE_GDN2_TEST_REQUIRED", "NVTE_GDN_TEST_REQUIRED", "DELTACHECK_REQUIRE", "DELTACHECK_PYTEST_RUN_DIR"):
-    ENV.pop(var, None)
-for var in [v for v in ENV if v.startswith("PYTEST_XDIST")]:  # the inner pytest is not one of our workers
-    ENV.pop(var)
 # One small case per op keeps these end-to-end runs to seconds.
 CASE_IDS = [
     "gdn-bf16-thd-N2-T[1_20]-H2/2/2-K64-V64-steep-h0-cont[7]-bwd",

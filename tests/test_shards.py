@@ -5,7 +5,6 @@ the shards' runs back into the unsharded run."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from child_env import ENV, TESTS
 
 from deltacheck.cases import Case
 from deltacheck.harness import shards
@@ -20,12 +20,6 @@ from deltacheck.harness.cli import main as cli_main
 from deltacheck.harness.shards import Shard, ShardError, case_family, selection_cost, shard_cases, shard_plan
 from deltacheck.harness.tiers import select
 
-TESTS = Path(__file__).resolve().parent
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]), "CI": "1"}
-for var in ("NVTE_GDN2_TEST_REQUIRED", "NVTE_GDN_TEST_REQUIRED", "DELTACHECK_REQUIRE", "DELTACHECK_PYTEST_RUN_DIR"):
-    ENV.pop(var, None)
-for var in [v for v in ENV if v.startswith("PYTEST_XDIST")]:  # an inner pytest is not one of our workers
-    ENV.pop(var)
 # 18 small forward-only cases of 11 families and all three tier ops: a whole run in seconds.
 SMALL_K = "N1 and not bwd and K64 and not gdp"
 QUICK = ["--backend", "chunked", "--reference", "oracle", "--no-baseline", "--in-process"]
