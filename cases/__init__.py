@@ -1,19 +1,36 @@
 """What to test: the Case spec, the per-op support declaration, the generated tiers, deterministic inputs.
 
-Imports torch (for inputs) and nothing from reference/, harness/ or reports/.
+Imports nothing from reference/, harness/ or reports/. The names below are loaded on first use (PEP 562), so
+``deltacheck.cases.spec`` (the case id grammar, which reports read) imports without torch; only the inputs
+(``make_inputs`` and its kin) need it.
 """
 
-from .axes import MAIN_AXES, axis_values
-from .coverage import coverage_table, interaction_coverage, pair_coverage
-from .inputs import make_inputs, make_weights, stream_seed, tensor_digest
-from .kexpr import KExprError, compile_k
-from .matrix import TIER_AXES, TIER_BUDGETS, select, tier_cases
-from .spec import BETA_PROFILES, GATE_PROFILES, IO_DTYPES, LAYOUTS, STATE_DTYPES, TIERS, Case, CaseError, parse_id
-from .support import OP_SUPPORT, OpSupport
+from __future__ import annotations
 
-__all__ = [
-    "BETA_PROFILES", "GATE_PROFILES", "IO_DTYPES", "LAYOUTS", "MAIN_AXES", "OP_SUPPORT", "STATE_DTYPES",
-    "TIERS", "TIER_AXES", "TIER_BUDGETS", "interaction_coverage", "Case", "CaseError", "KExprError", "OpSupport", "axis_values", "compile_k",
-    "coverage_table", "make_inputs", "make_weights", "pair_coverage", "parse_id", "select",
-    "stream_seed", "tensor_digest", "tier_cases",
-]
+import importlib
+
+_WHERE = {
+    "MAIN_AXES": "axes", "axis_values": "axes",
+    "coverage_table": "coverage", "interaction_coverage": "coverage", "pair_coverage": "coverage",
+    "make_inputs": "inputs", "make_weights": "inputs", "stream_seed": "inputs", "tensor_digest": "inputs",
+    "KExprError": "kexpr", "compile_k": "kexpr",
+    "TIER_AXES": "matrix", "TIER_BUDGETS": "matrix", "select": "matrix", "tier_cases": "matrix",
+    "BETA_PROFILES": "spec", "GATE_PROFILES": "spec", "IO_DTYPES": "spec", "LAYOUTS": "spec",
+    "STATE_DTYPES": "spec", "TIERS": "spec", "Case": "spec", "CaseError": "spec", "parse_id": "spec",
+    "OP_SUPPORT": "support", "OpSupport": "support",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

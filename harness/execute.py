@@ -19,6 +19,7 @@ from deltacheck.cases import Case
 
 from . import pool
 from .environment import probe_env
+from .exitrule import EXIT_NOTHING_RAN, run_exit_status
 from .known import format_known_report
 from .required import RequiredTally, format_required_report, required_pairs
 from .results import Result, ResultStream, end_record, latest_per_check, read_records
@@ -142,12 +143,15 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
     progress.close()
 
     failures = tally.failures(required, verdicts)
-    status = 1 if (statuses["fail"] or statuses["error"] or failures or tally.known_gone) else 0
+    status = run_exit_status(statuses, failures, tally.known_gone)
     with ResultStream(results_path) as out:
         out.write(end_record(statuses, status, failures, {f"{b}:{o}": n for (b, o), n in tally.executed.items()},
                              known_gone=tally.known_gone))
     print_summary(stream, run_dir, verdicts, required, tally.executed, statuses, failures, results_path,
                   tally.known_gone)
+    if status == EXIT_NOTHING_RAN:
+        stream.write(f"NOTHING RAN: no check of the {len(by_index)} task(s) was judged (every one declined or "
+                     f"skipped, reasons above); exit status {EXIT_NOTHING_RAN}, as pytest's for no tests run\n")
     return status, run_dir
 
 

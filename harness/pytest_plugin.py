@@ -199,7 +199,19 @@ def pytest_sessionfinish(session, exitstatus):
     if failures:
         state["failures"] = failures
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    elif _nothing_verified(state) and session.exitstatus == pytest.ExitCode.OK:
+        # A session of matrix items only, none of which judged a check: as `deltacheck run` (harness/exitrule.py)
+        # it exits 5, so a CI job whose fused libraries were all missing cannot read green. Other tests beside
+        # the matrix (the project's own suite) keep pytest's verdict; the terminal summary says it either way.
+        state["nothing_ran"] = True
+        session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED
     _close_run_dir(state, failures, int(session.exitstatus))
+
+
+def _nothing_verified(state) -> bool:
+    """The session ran matrix items and nothing else, and not one of them had a check judged."""
+    return bool(state.get("matrix_items")) and not state.get("other_items") and not sum(
+        state["tally"].executed.values())
 
 
 def pytest_testnodedown(node, error):
@@ -208,11 +220,14 @@ def pytest_testnodedown(node, error):
         state = node.config.stash[_STATE_KEY]
         data = json.loads(raw)
         state["collected_matrix"] = state.get("collected_matrix") or data.get("collected_matrix", False)
+        state["matrix_items"] = max(state.get("matrix_items", 0), data.get("matrix_items", 0))
+        state["other_items"] = max(state.get("other_items", 0), data.get("other_items", 0))
         state["tally"].merge(data["tally"])
 
 
 def _dump(state) -> dict:
-    return {"collected_matrix": bool(state.get("collected_matrix")), "tally": state["tally"].to_json()}
+    return {"collected_matrix": bool(state.get("collected_matrix")), "tally": state["tally"].to_json(),
+            "matrix_items": state.get("matrix_items", 0), "other_items": state.get("other_items", 0)}
 
 
 def _required_failures(config, state) -> list[str]:
@@ -252,6 +267,15 @@ def pytest_collection_modifyitems(session, config, items):
     config.stash[_STATE_KEY]["collected_matrix"] = any("dc_task" in getattr(i, "fixturenames", ()) for i in items)
 
 
+def pytest_collection_finish(session):
+    """What remains after deselection: matrix items and other tests (for the nothing-ran rule)."""
+    state = session.config.stash.get(_STATE_KEY, None)
+    if state is None:
+        return
+    matrix = sum("dc_task" in getattr(i, "fixturenames", ()) for i in session.items)
+    state["matrix_items"], state["other_items"] = matrix, len(session.items) - matrix
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     state = config.stash.get(_STATE_KEY, None)
     if not state:
@@ -265,6 +289,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if state["tally"].known_gone:
         terminalreporter.section("deltacheck known issues", sep="=", red=True, bold=True)
         terminalreporter.write_line(format_known_report(state["tally"].known_gone))
+    if state.get("matrix_items") and not sum(state["tally"].executed.values()):
+        terminalreporter.section("deltacheck", sep="=", red=True, bold=True)
+        exit_note = " (exit status 5)" if state.get("nothing_ran") else ""
+        terminalreporter.write_line(f"NOTHING RAN: none of the {state['matrix_items']} matrix item(s) judged a check "
+                                    f"(every one declined or skipped, reasons in the skips){exit_note}")
 
 
 # --- --dc-out: a run directory, as `deltacheck run` writes it --------------------------------------
@@ -307,12 +336,18 @@ def _close_run_dir(state, failures, exit_status: int) -> None:
     run_dir = state.get("run_dir")
     if run_dir is None:
         return
+    from .exitrule import run_exit_status
     from .results import ResultStream, end_record, fold_parts, read_records
 
     main = run_dir / "results.jsonl"
     fold_parts(main, sorted(run_dir.glob("results.gw*.jsonl")))
     counts = Counter(rec["status"] for _, rec, _ in read_records(main) if rec and rec["kind"] == "result")
+    # The run directory's status is the one rule's (as `deltacheck run` writes it); an error pytest saw outside
+    # the matrix (a failing ordinary test, a collection error) still marks the directory failed.
+    recorded = run_exit_status(counts, failures, state["tally"].known_gone)
+    if exit_status not in (0, 5) and recorded != 1:
+        recorded = 1
     with ResultStream(main) as out:
-        out.write(end_record(counts, exit_status, failures,
+        out.write(end_record(counts, recorded, failures,
                              {f"{b}:{o}": n for (b, o), n in state["tally"].executed.items()},
                              known_gone=state["tally"].known_gone))

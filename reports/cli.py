@@ -123,7 +123,7 @@ def add_cli(subparsers) -> None:
         description="Match the results of two runs by (case id, backend, check) and list what changed, "
                     "with the environment and version differences first. Exit status 1 when something regressed "
                     "(a new failure, a worse error, a newly declined or errored result, a stability frontier that "
-                    "moved the wrong way), 0 otherwise, "
+                    "moved the wrong way) or the new run did not finish (no end record), 0 otherwise, "
                     "2 when a run cannot be read or the two runs share no (case, backend, check) — runs of "
                     "different selections have nothing to compare, which is not 'no regression'.")
     c.add_argument("old", metavar="OLD", help="the baseline run directory")

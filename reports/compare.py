@@ -87,7 +87,9 @@ class Comparison:
     def exit_status(self) -> int:
         if not self.shared:
             return 2  # not "no regression": two runs of different selections (or an empty one) say nothing
-        return 1 if self.regressed else 0
+        # A new run that did not finish (crashed, killed, a full disk) says nothing about what it never reached:
+        # a job that died half-way must not pass against its baseline.
+        return 1 if (self.regressed or not self.new.finished) else 0
 
     def nothing_shared(self) -> str:
         """The one line that says why two runs that share nothing cannot be compared."""
@@ -237,7 +239,10 @@ def compare_runs(old: Run, new: Run, factor: float = DEFAULT_FACTOR, floor: floa
     for label, run in (("old", old), ("new", new)):
         if not run.finished:
             cmp.notes.append(f"The {label} run did not finish (no end record): results it never wrote are "
-                             f"'only in the {'new' if label == 'old' else 'old'} run' below.")
+                             f"'only in the {'new' if label == 'old' else 'old'} run' below."
+                             + (" The comparison fails (exit 1): an unfinished new run is not 'no regression'; "
+                                "finish it with `deltacheck run --resume RUN_DIR`, then compare again."
+                                if label == "new" else ""))
         if run.problems:
             cmp.notes.append(f"The {label} run's results.jsonl had {len(run.problems)} unusable line(s), skipped: "
                              + "; ".join(str(p) for p in run.problems[:5]) + (" …" if len(run.problems) > 5 else ""))

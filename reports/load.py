@@ -93,34 +93,20 @@ def finite(value: Any) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-# --- what a case id says, without importing deltacheck.cases ---------------------------------------
-# Id grammar (cases/spec.py): <op>-<io>-<layout>-N<n>-<lengths>-H<H>/<HK>/<HV>-K<K>-V<V>-<gate>[-...]
+# --- what a case id says: the one id grammar (cases/spec.py, importable without torch) ---------------
 
 
 def id_fields(case_id: str) -> dict[str, Any]:
-    """op, io dtype, gate profile and longest sequence read from a case id; absent when unreadable."""
-    tokens = case_id.split("-")
-    fields: dict[str, Any] = {}
-    if len(tokens) >= 1 and tokens[0]:
-        fields["op"] = tokens[0]
-    if len(tokens) >= 2:
-        fields["io_dtype"] = tokens[1]
-    if len(tokens) >= 3:
-        fields["layout"] = tokens[2]
-    if len(tokens) >= 5:
-        lengths = tokens[4]
-        try:
-            if lengths.startswith("L"):
-                fields["max_len"] = int(lengths[1:])
-            elif lengths.startswith("T[") and lengths.endswith("]"):
-                items = [int(x) for x in lengths[2:-1].replace(",", "_").split("_") if x]
-                fields["max_len"] = max(items, default=0)
-                fields["tokens"] = sum(items)
-        except ValueError:
-            pass
-    if len(tokens) >= 9:
-        fields["gate"] = tokens[8]
-    return fields
+    """op, io dtype, layout, gate profile, longest sequence and token count of a case id; {} when the id does not
+    parse (a result written by another version keeps the fields its record holds)."""
+    from deltacheck.cases.spec import CaseError, parse_id
+
+    try:
+        case = parse_id(case_id)
+    except (CaseError, ValueError, TypeError):
+        return {}
+    return {"op": case.op, "io_dtype": case.io_dtype, "layout": case.layout, "gate": case.gate,
+            "max_len": case.max_len, "tokens": case.total_tokens}
 
 
 def _normalize_result(rec: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
@@ -132,7 +118,9 @@ def _normalize_result(rec: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     out = dict(rec)
     metrics = out.get("metrics")
     out["metrics"] = metrics if isinstance(metrics, dict) else {}
-    derived = id_fields(out["case"])
+    missing = (any(not out.get(key) for key in ("op", "io_dtype", "layout", "gate"))
+               or any(not isinstance(out.get(key), int) or out.get(key) <= 0 for key in ("max_len", "tokens")))
+    derived = id_fields(out["case"]) if missing else {}  # parsing an id costs: only for a record that lacks fields
     for key in ("op", "io_dtype", "layout", "gate"):
         if not out.get(key):
             out[key] = derived.get(key, "?")

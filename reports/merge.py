@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deltacheck.harness.exitrule import run_exit_status
 from deltacheck.harness.results import ResultStream, end_record, fingerprint
 
 from .load import FRONTIER_KEY, RunInputError, latest_per_check, load_run
@@ -119,6 +120,8 @@ def merge_runs(inputs: list[str | Path], out: str | Path, *, allow_mixed_env: bo
             executed: Counter = Counter()
             for run in runs:
                 executed.update({k: int(v) for k, v in (run.end or {}).get("executed", {}).items()})
-            stream.write(end_record(counts, 1 if (counts["fail"] or counts["error"] or failures) else 0, failures,
-                                    executed))
+            # a known issue that no longer reproduces in any shard fails the merge as it failed that shard
+            known_gone = sorted({str(x) for run in runs for x in (run.end or {}).get("known_gone") or []})
+            stream.write(end_record(counts, run_exit_status(counts, failures, known_gone), failures, executed,
+                                    known_gone=known_gone))
     return Merged(out, len(runs), len(merged), finished)

@@ -8,6 +8,7 @@ import shlex
 from collections import Counter
 from typing import Any
 
+from deltacheck.harness.exitrule import run_verdict
 from deltacheck.harness.results import fingerprint
 
 from .frontier import frontier_summaries
@@ -196,16 +197,7 @@ def summarize(run: Run) -> dict[str, Any]:
     end = run.end or {}
     exit_status = end.get("exit_status")
     known_gone = [str(x) for x in (run.end or {}).get("known_gone") or []]
-    failed = bool(counts["fail"] or counts["error"] or req_lines or known_gone
-                  or (isinstance(exit_status, int) and exit_status))
-    if failed:
-        verdict = "FAILED"
-    elif run.end is None:
-        verdict = "INCOMPLETE"
-    elif not (counts["pass"] or counts["fail"] or counts["known"]):
-        verdict = "NOTHING RAN"  # no results, or every one declined: a green run that verified nothing
-    else:
-        verdict = "PASSED"
+    verdict = run_verdict(counts, req_lines, known_gone, finished=run.end is not None, recorded_exit=exit_status)
 
     heads = [(number(r["metrics"].get("headroom")), r["case"], r["backend"], r["check"]) for r in results]
     heads = [h for h in heads if h[0] is not None]

@@ -93,25 +93,26 @@ def test_every_failure_carries_a_repro_command_that_reruns_just_that_case(tmp_pa
 # --- required mode: the CLI and the pytest plugin agree -----------------------------------------
 
 SITUATIONS = {
-    # name: (backend spec, -k expression, DELTACHECK_REQUIRE pair, --limit, run fails when required / when not)
-    "engine declines every case": ("fake_backends:Declining", None, "fake_backends:Declining:kda", 2, True, False),
+    # name: (backend spec, -k expression, DELTACHECK_REQUIRE pair, --limit, exit status when required / when not;
+    # 5: nothing was verified, harness/exitrule.py)
+    "engine declines every case": ("fake_backends:Declining", None, "fake_backends:Declining:kda", 2, 1, 5),
     # a backend that cannot load is an error result in every task, required or not (it is not a decline)
-    "backend raises on import": ("broken_backend_module:Obj", None, "broken_backend_module:Obj:kda", 2, True, True),
+    "backend raises on import": ("broken_backend_module:Obj", None, "broken_backend_module:Obj:kda", 2, 1, 1),
     "-k selects zero cases of the pair": ("fake_backends:Working", "gdn2 and K64-V64", "fake_backends:Working:kda", 2,
-                                          True, False),
-    "pair runs": ("fake_backends:Working", "kda and K64-V64", "fake_backends:Working:kda", 2, False, False),
+                                          1, 0),
+    "pair runs": ("fake_backends:Working", "kda and K64-V64", "fake_backends:Working:kda", 2, 0, 0),
     "backward declined on every case": ("fake_backends:NoBackward", "kda and bwd and K64-V64",
-                                        "fake_backends:NoBackward:kda", 2, True, False),
+                                        "fake_backends:NoBackward:kda", 2, 1, 0),
     "a forward-only selection of a backend without backward": (
-        "fake_backends:NoBackward", "kda and K64-V64 and not bwd", "fake_backends:NoBackward:kda", 2, False, False),
+        "fake_backends:NoBackward", "kda and K64-V64 and not bwd", "fake_backends:NoBackward:kda", 2, 0, 0),
     "some cases declined outside the envelope, the rest pass": (
         "fake_backends:DeclinesOutsideItsEnvelope", "kda and (K64-V64 or K128-V128) and not bwd",
-        "fake_backends:DeclinesOutsideItsEnvelope:kda", 6, False, False),
+        "fake_backends:DeclinesOutsideItsEnvelope:kda", 6, 0, 0),
     "cases declined inside the declared envelope": (
         "fake_backends:DeclinesInsideItsEnvelope", "kda and K64-V64 and not bwd",
-        "fake_backends:DeclinesInsideItsEnvelope:kda", 6, True, False),
+        "fake_backends:DeclinesInsideItsEnvelope:kda", 6, 1, 5),
     "one case NaN": ("fake_backends:NaNOnOneCase", "kda-bf16-thd-N3-T[0_1_127] or (kda and K64-V64 and not bwd)",
-                     "fake_backends:NaNOnOneCase:kda", 3, True, True),
+                     "fake_backends:NaNOnOneCase:kda", 3, 1, 1),
 }
 
 
@@ -139,15 +140,16 @@ def pytest_outcome(spec, k, require, limit=2):
 def test_cli_and_pytest_agree(situation, required, tmp_path, run_cli):
     """One required-mode verdict: `deltacheck run` and the pytest plugin reach the same exit status in every
     situation, and say why in the same words (harness/required.py owns the tally and the report)."""
-    spec, k, pair, limit, fails_required, fails_otherwise = SITUATIONS[situation]
+    spec, k, pair, limit, status_required, status_otherwise = SITUATIONS[situation]
     require = pair if required else None
     cli_rc, cli_text = cli_outcome(run_cli, spec, k, require, tmp_path, limit)
     py_rc, py_text = pytest_outcome(spec, k, require, limit)
-    fails = (cli_rc != 0, py_rc != 0)
-    assert fails[0] == fails[1], f"CLI exit {cli_rc}, pytest exit {py_rc}\nCLI:\n{cli_text}\npytest:\n{py_text}"
-    expected = fails_required if required else fails_otherwise
-    assert fails == (expected, expected), f"CLI:\n{cli_text}\npytest:\n{py_text}"
-    if required and fails_required and situation != "one case NaN":
+    assert cli_rc == py_rc, f"CLI exit {cli_rc}, pytest exit {py_rc}\nCLI:\n{cli_text}\npytest:\n{py_text}"
+    expected = status_required if required else status_otherwise
+    assert cli_rc == expected, f"CLI:\n{cli_text}\npytest:\n{py_text}"
+    if expected == 5:  # a run that verified nothing says so, loudly, on both fronts
+        assert "NOTHING RAN" in cli_text and "NOTHING RAN" in py_text, (cli_text, py_text)
+    if required and status_required and situation != "one case NaN":
         cli_lines = {line.strip() for line in cli_text.splitlines() if line.strip().startswith("* REQUIRED")}
         py_lines = {line.strip() for line in py_text.splitlines() if line.strip().startswith("* REQUIRED")}
         assert cli_lines and cli_lines == py_lines, (cli_lines, py_lines)  # the same report, word for word
@@ -161,7 +163,8 @@ def test_thousands_of_tasks_through_the_worker_do_not_deadlock(tmp_path, monkeyp
     cases = select("L1")
     status, run_dir = run(["fake_backends:Declining"], tmp_path, in_process=False, cases=cases)
     end = records(run_dir)[-1]
-    assert status == 0 and end["kind"] == "end" and end["counts"]["skip"] >= len(cases)
+    # every case declined: a finished run that verified nothing (exit 5, harness/exitrule.py)
+    assert status == 5 and end["kind"] == "end" and end["counts"]["skip"] >= len(cases)
 
 
 def test_a_decline_without_a_reason_is_reported_not_silent(tmp_path):

@@ -41,6 +41,11 @@ class Verdict:
         return cls(False, reason, False, reason)
 
 
+class LibraryContractError(RuntimeError):
+    """The library broke its own documented contract in a way the adapter can see (a missing return value, a
+    wrong shape): raised from ``run``, recorded against the kernel as an error result, never a decline."""
+
+
 @runtime_checkable
 class Backend(Protocol):
     name: str

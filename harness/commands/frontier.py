@@ -27,6 +27,7 @@ from deltacheck.harness.frontier import (
     choose_base_case,
     search,
 )
+from deltacheck.harness.exitrule import frontier_exit_status
 from deltacheck.harness.results import ResultStream, end_record
 from deltacheck.harness.rundir import new_run_dir, open_run
 from deltacheck.harness.runner import CaseRunner, RunOptions
@@ -169,7 +170,7 @@ def measure(args, stream=None) -> int:
         except KeyboardInterrupt:
             stream.write(f"\n{PROG}: interrupted; the points judged so far are in {results_path} (no end record)\n")
             return EXIT_INTERRUPTED
-        status = EXIT_UNMEASURED if unmeasured else 0
+        status = frontier_exit_status(unmeasured)
         out.write(end_record(statuses, status, [], dict(executed)))
     if args.json:
         target = Path(args.json)

@@ -41,7 +41,7 @@ import torch
 
 from deltacheck.harness.availability import floors_then_library
 
-from ..base import Verdict
+from ..base import LibraryContractError, Verdict
 from ..loading import Library, load_entry_point
 from . import facts
 from .facts import ENTRY_POINTS, FLAGS, HEAD_DIMS, INSTALL_HINT, QKV_FORMAT
@@ -181,7 +181,13 @@ class TeBackend:
         module = self._instance(case)
         names = ("q", "k", "v", "g", "beta") + (("w",) if case.support.write_gate else ())
         args = [_to_te(inputs[n], case, n) for n in names]
-        out, final_state = module(*args, **self._forward_kwargs(case, inputs))
+        got = module(*args, **self._forward_kwargs(case, inputs))
+        # A module that ignored output_final_state returns the output alone: unpacking a tensor would take its
+        # first two rows for (out, state) whenever its leading dimension is 2.
+        if not (isinstance(got, tuple) and len(got) == 2):
+            raise LibraryContractError(f"{self.name}: the {type(module).__name__} call asked for the final state "
+                                       f"and returned {type(got).__name__} instead of (output, final_state)")
+        out, final_state = got
         return _from_te(out, case), _state_from_te(final_state)
 
     # ------------------------------------------------------------------ can it run?
