@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from deltacheck.cases.envelope import EnvelopeUnion
 from deltacheck.cases.support import OPS
 
-from .backends.base import Backend, BackendLoadError, Verdict, get_backend
+from .backends.base import Backend, BackendLoadError, Verdict, backend_for
 from .environment import version_below
 
 
@@ -88,7 +88,7 @@ def pair_verdict(spec: str, op: str, env) -> Verdict:
     if op not in OPS:
         return Verdict.no(f"{spec}:{op}: unknown op {op!r}; deltacheck's ops are {', '.join(OPS)}")
     try:
-        backend = get_backend(spec)
+        backend = backend_for(spec)
     except BackendLoadError:
         return Verdict.ok()
     return floors_of(backend, op, env)
@@ -97,9 +97,25 @@ def pair_verdict(spec: str, op: str, env) -> Verdict:
 def load_backend(spec: str) -> tuple[Backend | None, str | None]:
     """(backend, None), or (None, why it cannot be loaded) — a backend that fails to load is a verdict."""
     try:
-        return get_backend(spec), None
+        return backend_for(spec), None
     except BackendLoadError as exc:
         return None, str(exc)
+
+
+def backend_versions(specs: list[str]) -> dict[str, str | None]:
+    """Each backend's own word on its version (the optional ``version()`` hook), for the run header: what lets
+    ``compare`` and ``merge`` tell two versions of a plug-in apart. None where the backend has no hook, cannot
+    load, or its hook fails (a version is a record, never a reason to stop a run)."""
+    out: dict[str, str | None] = {}
+    for spec in specs:
+        backend, _ = load_backend(spec)
+        hook = getattr(backend, "version", None) if backend is not None else None
+        try:
+            value = hook() if callable(hook) else None
+        except Exception:  # noqa: BLE001 - see above
+            value = None
+        out[spec] = None if value is None else str(value)
+    return out
 
 
 def pair_availability(backend, spec: str, op: str, env) -> Verdict:
@@ -116,7 +132,9 @@ def library_verdict(backend, spec: str, op: str, env) -> Verdict:
     floors = pair_availability(backend, spec, op, env)
     load = getattr(backend, "load", None)
     key = getattr(backend, "version_key", None)
-    if not callable(load) or (key is not None and env.version(key) is None):
+    # Skip the import only when the probe looked for the package and found it absent: a third party's key the Env
+    # never probes says nothing, and its ``load`` must run.
+    if not callable(load) or (key is not None and key in env.versions and env.versions[key] is None):
         return floors
     return merge_verdicts(floors, load(op))
 

@@ -332,6 +332,32 @@ def version_in(text: str | None, spec: str) -> bool | None:
 
 
 __all__ = [
-    "Env", "Finder", "IMPORTABLE_KEYS", "InvalidSpecifier", "VERSION_KEYS", "parse_version", "probe_env",
+    "Env", "Finder", "IMPORTABLE_KEYS", "InvalidSpecifier", "VERSION_KEYS", "device_problem", "parse_version",
+    "probe_env",
     "version_below", "version_in", "visible_gpus",
 ]
+
+
+def device_problem(device: str, flag: str = "--device") -> str | None:
+    """Why the torch device ``device`` (given as ``flag``) cannot run here: a usage error naming what is available,
+    or None. `deltacheck run` and the pytest plugin (``--dc-device``) ask the same question."""
+    import torch
+
+    available = ["cpu"]
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        available += ["cuda"] + [f"cuda:{i}" for i in range(n)]
+    listed = f"available here: {', '.join(available)}"
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        return f"{flag} {device}: not a torch device; {listed}"
+    if parsed.type == "cpu":
+        return None
+    if parsed.type != "cuda":
+        return f"{flag} {device}: deltacheck runs on cpu or cuda; {listed}"
+    if not torch.cuda.is_available():
+        return f"{flag} {device}: this machine has no CUDA device torch can use; {listed}"
+    if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        return f"{flag} {device}: this machine has {torch.cuda.device_count()} CUDA device(s); {listed}"
+    return None

@@ -5,6 +5,7 @@ closing summary. ``deltacheck run`` / ``verify`` drive it; tests call ``execute`
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -62,6 +63,24 @@ class Progress:
         self.open = False
 
 
+# A write that failed for want of room (or a read-only or broken disk): one line and a resume hint, not a chain
+# of tracebacks from every writer that tried after it.
+DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO}
+
+
+class RunWriteError(OSError):
+    """The run directory could not be written; ``str()`` is the one line a person reads."""
+
+    def __init__(self, path: Path, run_dir: Path, exc: OSError) -> None:
+        where = exc.filename or path
+        super().__init__(exc.errno, f"cannot write {where}: {exc.strerror or exc}; every check judged before "
+                                    f"that is kept in {path}. Free space, then continue with the same selection "
+                                    f"and `--resume {run_dir}`")
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
 def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, opts: RunOptions, *,
             in_process: bool = False, argv: list[str] | None = None, environ=os.environ,
             stream=None, jobs: int = 1, resume: str | Path | None = None,
@@ -115,38 +134,43 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
         skip = set(finished_before)
         tasks = [t for t in tasks if t[0] not in skip]
 
-    pool.STOPPING.clear()
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous_handler = signal.signal(signal.SIGTERM, pool.raise_terminated) if in_main_thread else None
     try:
-        if in_process:
-            runner = CaseRunner(opts)
-            with ResultStream(results_path) as out:
-                for i, (case, spec) in tasks:
-                    results = run_task(runner, case, spec, env, sink=out.write)
-                    out.write(task_record(case, spec, results))
-                    on_done(i, task_summary(results))
-        elif jobs > 1:
-            pool.run_parallel(tasks, run_dir, opts, on_done, jobs, task_timeout)
-        else:
-            pool.run_in_workers(pool.TaskQueue(tasks), results_path, opts, on_done, task_timeout=task_timeout)
-    except KeyboardInterrupt as exc:
+        pool.STOPPING.clear()
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        previous_handler = signal.signal(signal.SIGTERM, pool.raise_terminated) if in_main_thread else None
+        try:
+            if in_process:
+                runner = CaseRunner(opts)
+                with ResultStream(results_path) as out:
+                    for i, (case, spec) in tasks:
+                        results = run_task(runner, case, spec, env, sink=out.write)
+                        out.write(task_record(case, spec, results))
+                        on_done(i, task_summary(results))
+            elif jobs > 1:
+                pool.run_parallel(tasks, run_dir, opts, on_done, jobs, task_timeout)
+            else:
+                pool.run_in_workers(pool.TaskQueue(tasks), results_path, opts, on_done, task_timeout=task_timeout)
+        except KeyboardInterrupt as exc:
+            progress.close()
+            print(f"\ndeltacheck run: {exc or 'interrupted'}; every check judged so far is in {results_path} "
+                  "(no end record: reports will say the run did not finish). Continue it with the same selection "
+                  f"and `--resume {run_dir}`", file=sys.stderr)
+            raise
+        finally:
+            pool.stop_workers()
+            if in_main_thread:
+                signal.signal(signal.SIGTERM, previous_handler)
         progress.close()
-        print(f"\ndeltacheck run: {exc or 'interrupted'}; every check judged so far is in {results_path} "
-              "(no end record: reports will say the run did not finish). Continue it with the same selection "
-              f"and `--resume {run_dir}`", file=sys.stderr)
-        raise
-    finally:
-        pool.stop_workers()
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous_handler)
-    progress.close()
 
-    failures = tally.failures(required, verdicts)
-    status = run_exit_status(statuses, failures, tally.known_gone)
-    with ResultStream(results_path) as out:
-        out.write(end_record(statuses, status, failures, {f"{b}:{o}": n for (b, o), n in tally.executed.items()},
-                             known_gone=tally.known_gone))
+        failures = tally.failures(required, verdicts)
+        status = run_exit_status(statuses, failures, tally.known_gone)
+        with ResultStream(results_path) as out:
+            out.write(end_record(statuses, status, failures, {f"{b}:{o}": n for (b, o), n in tally.executed.items()},
+                                 known_gone=tally.known_gone))
+    except OSError as exc:
+        if exc.errno not in DISK_ERRNOS:
+            raise
+        raise RunWriteError(results_path, run_dir, exc) from None
     print_summary(stream, run_dir, verdicts, required, tally.executed, statuses, failures, results_path,
                   tally.known_gone)
     if status == EXIT_NOTHING_RAN:

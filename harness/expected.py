@@ -17,7 +17,7 @@ from deltacheck.cases import Case, make_inputs, make_weights
 from deltacheck.reference import layouts
 
 from . import compare
-from .backends.base import Backend, get_backend
+from .backends.base import Backend, backend_for
 from .task import grad_inputs
 
 F64 = torch.float64
@@ -92,7 +92,7 @@ def compute_expected(case: Case, opts, ref_name: str) -> Expected:
     t0 = time.perf_counter()
     base = make_inputs(case, opts.device)
     names = grad_inputs(case) if case.backward else []
-    ref = get_backend(ref_name)
+    ref = backend_for(ref_name)
     float_names = [n for n, x in base.items() if x is not None and x.is_floating_point()]
     ref_inputs = grad_leaves(base, float_names, F64) if names else {
         n: (x.to(F64) if n in float_names else x) for n, x in base.items()
@@ -106,7 +106,7 @@ def compute_expected(case: Case, opts, ref_name: str) -> Expected:
         grads={n: (g.detach() if g is not None else None) for n, g in grads.items()}, reference=ref_name,
     )
     if opts.baseline:
-        bl = get_backend("baseline")
+        bl = backend_for("baseline")
         bl_inputs = grad_leaves(base, names) if names else base
         with torch.set_grad_enabled(bool(names)):
             b_out, b_state, b_grads = forward_backward(bl, case, bl_inputs, names, opts.device)

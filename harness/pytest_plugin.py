@@ -18,6 +18,7 @@ from collections import Counter
 import pytest
 
 from deltacheck.cases.support import OPS
+from deltacheck.harness.backends.base import unknown_backends_message
 
 KNOWN_BACKENDS = ("cudnn", "fla", "fla-recurrent", "oracle", "chunked", "baseline")
 _STATE_KEY = pytest.StashKey[dict]()
@@ -30,7 +31,8 @@ def pytest_addoption(parser):
                     help="backend name or pkg.mod:attr (repeatable; default: cudnn and fla)")
     group.addoption("--dc-op", action="append", default=None, choices=OPS, help="only this op (repeatable)")
     group.addoption("--dc-k", default=None, help="expression over case ids applied when generating the matrix")
-    group.addoption("--dc-limit", type=int, default=0, help="at most this many cases")
+    group.addoption("--dc-limit", type=_positive_int, default=None, metavar="N",
+                    help="at most N cases (N >= 1), the first N after selection (default: all)")
     group.addoption("--dc-shard", default=None, type=_shard, metavar="I/N",
                     help="only shard I of N (1 <= I <= N) of the matrix (after --dc-limit): the cases `deltacheck "
                          "list --shard I/N` prints, every backend's task of a case in the case's shard (docs/ci.md)")
@@ -41,6 +43,19 @@ def pytest_addoption(parser):
                          "`deltacheck report` and `deltacheck compare` work on pytest runs")
     group.addoption("--dc-no-baseline", action="store_true",
                     help="skip the same-precision baseline (limits fall back to the absolute thresholds)")
+
+
+def _positive_int(text: str) -> int:
+    """``--dc-limit``: a whole number >= 1, as `deltacheck run --limit` takes it (0 or -1 are errors, not 'all')."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
 
 
 def _shard(text: str):
@@ -80,6 +95,29 @@ def pytest_configure(config):
         load_known_issues(known_issue_paths())
     except (RequireSpecError, KnownIssuesError) as exc:
         raise pytest.UsageError(str(exc)) from None
+    _check_usage(config)
+
+
+def _check_usage(config) -> None:
+    """What `deltacheck run` refuses before it starts, refused once here too (a usage error, not one error per
+    item): an unusable --dc-device, a malformed --dc-k, an unknown backend name."""
+    from deltacheck.cases.kexpr import KExprError, compile_k
+
+    from .backends.base import registered
+    from .environment import device_problem
+
+    device = config.getoption("--dc-device")
+    problem = device_problem(device, "--dc-device") if device else None
+    if problem:
+        raise pytest.UsageError(problem)
+    if config.getoption("--dc-k"):
+        try:
+            compile_k(config.getoption("--dc-k"))
+        except KExprError as exc:
+            raise pytest.UsageError(f"--dc-k: {exc}") from None
+    unknown = [s for s in _specs(config) if ":" not in s and s not in registered()]
+    if unknown:
+        raise pytest.UsageError(unknown_backends_message(unknown, "--dc-backend"))
 
 
 def _worker_id(config) -> str | None:
@@ -123,7 +161,7 @@ def _selection(config) -> list:
     cases = []
     for op in config.getoption("--dc-op") or [None]:
         cases += select(tier=config.getoption("--dc-tier"), op=op, k=config.getoption("--dc-k"))
-    if config.getoption("--dc-limit"):
+    if config.getoption("--dc-limit") is not None:
         cases = cases[: config.getoption("--dc-limit")]
     return cases
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from deltacheck.cases.support import OPS
 
-from .backends.base import Verdict
+from .backends.base import Verdict, registered
 from .known import no_longer_reproduces
 
 
@@ -74,6 +74,11 @@ def required_spec(
         elif not _BACKEND_RE.match(backend):
             errors.append(
                 f"DELTACHECK_REQUIRE entry {entry!r}: {backend!r} is not a backend name or pkg.mod:attr"
+            )
+        elif ":" not in backend and backend not in registered():
+            errors.append(
+                f"DELTACHECK_REQUIRE entry {entry!r}: unknown backend {backend!r}; registered: "
+                f"{', '.join(registered())}, or a third-party pkg.mod:attr"
             )
         else:
             pairs.setdefault((backend, op), f"DELTACHECK_REQUIRE={raw}")

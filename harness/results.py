@@ -65,7 +65,10 @@ class ResultStream:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.fspath(path)
+        torn = _ends_mid_line(self.path)
         self._fh = open(self.path, "a", encoding="utf-8")
+        if torn:  # a crash or a full disk cut the last record short: ours starts on a line of its own
+            self._fh.write("\n")
 
     def write(self, record: dict | Result) -> None:
         if isinstance(record, Result):
@@ -82,6 +85,19 @@ class ResultStream:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _ends_mid_line(path: str) -> bool:
+    """Does the file at ``path`` exist, hold something, and end without a newline (a torn last record)?"""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            if fh.tell() == 0:
+                return False
+            fh.seek(-1, os.SEEK_END)
+            return fh.read(1) != b"\n"
+    except FileNotFoundError:
+        return False
 
 
 def _jsonable(x: Any) -> Any:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from deltacheck import __version__
 
-from .availability import availability_records
+from .availability import availability_records, backend_versions
 from .backends.base import Verdict
 from .results import SCHEMA, Result, ResultStream, fingerprint, fold_parts, read_records, utc_now
 
@@ -93,7 +93,8 @@ def open_run(results_path: Path, backend_specs: list[str], env, required, argv: 
     with ResultStream(results_path) as out:
         out.write({"kind": "run", "schema": SCHEMA, "deltacheck": __version__, "started": utc_now(), "argv": argv,
                    "env": env.to_dict(), "run_id": results_path.parent.name, "backends": backend_specs,
-                   "required": sorted(":".join(p) for p in required), **(extra or {}), **provenance()})
+                   "required": sorted(":".join(p) for p in required),
+                   "backend_versions": backend_versions(backend_specs), **(extra or {}), **provenance()})
         for _, record in gates.values():
             out.write(record)
     return {pair: verdict for pair, (verdict, _) in gates.items()}

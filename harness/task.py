@@ -14,7 +14,7 @@ from collections import Counter
 from typing import Any
 
 from .availability import case_verdict, envelope_verdict
-from .backends.base import BackendLoadError, get_backend
+from .backends.base import BackendLoadError, backend_for
 from .known import applicable, mark_known, outcomes
 from .results import JUDGED, Result
 
@@ -89,7 +89,7 @@ def run_task(runner, case, spec: str, env, sink=None) -> TaskResults:
         return emitted
 
     try:
-        backend = get_backend(spec)
+        backend = backend_for(spec)
     except BackendLoadError as exc:
         return error(str(exc))
     entries[:] = applicable(runner.known_issues(), case, spec, getattr(backend, "name", spec), env)

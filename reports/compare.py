@@ -180,6 +180,10 @@ def _flat_env(run: Run) -> dict[str, str]:
     flat: dict[str, str] = {}
     for name, value in run.versions.items():
         flat[name] = "not installed" if value is None else str(value)
+    # what each backend said its own version was (the ``version()`` hook; a plug-in's only record of it)
+    backend_versions = run.header.get("backend_versions")
+    for spec, value in (backend_versions.items() if isinstance(backend_versions, dict) else ()):
+        flat[f"backend {spec}"] = "unknown" if value is None else str(value)
     cap = env.get("capability")
     for name, value in (("device", env.get("device_name")),
                         ("capability", f"SM{cap[0]}{cap[1]}" if isinstance(cap, (list, tuple)) and len(cap) == 2 else cap),

@@ -56,6 +56,33 @@ class Backend(Protocol):
     def run(self, case: Any, inputs: dict) -> tuple[Any, Any]: ...
 
 
+class BackendHooks(Protocol):
+    """The optional hooks the harness looks for on a backend (``getattr``; each may be absent). Declared here so
+    a plug-in author sees every one in one place; docs/backends.md has a worked example of each.
+
+    - ``pair_verdict(op, env) -> Verdict``: our floors for ``op`` from the ``Env`` alone (no library import):
+      a package below its floor, the wrong GPU architecture, no CUDA. Asked before any case.
+    - ``load(op) -> Verdict``: import the library and find the op's entry point (``deltacheck env --import``).
+    - ``version_key: str``: the ``Env.versions`` key of the distribution, for the built-ins the probe knows; a
+      key the probe does not know is ignored (``load`` still runs).
+    - ``version() -> str | None``: the backend's own version, written into the run header (``backend_versions``)
+      so ``compare`` says when it changed and reports tell two versions apart.
+    - ``envelopes(op, *, env=None, sm=None) -> Iterable[Envelope]``: what the backend declares it serves
+      (docs/envelopes.md): generated tiers add cases inside it, ``list --backend`` narrows to it, and a decline
+      inside it (or a run outside it) is noted on the result.
+    """
+
+    def pair_verdict(self, op: str, env: Any) -> Verdict: ...
+
+    def load(self, op: str) -> Verdict: ...
+
+    version_key: str
+
+    def version(self) -> str | None: ...
+
+    def envelopes(self, op: str, *, env: Any = None, sm: int | None = None) -> Any: ...
+
+
 _REGISTRY: dict[str, Callable[[], Backend]] = {}
 
 
@@ -64,6 +91,7 @@ def register(name: str) -> Callable:
 
     def deco(factory):
         _REGISTRY[name] = factory
+        _INSTANCES.pop(name, None)  # a name registered again is a new backend
         return factory
 
     return deco
@@ -77,6 +105,13 @@ class BackendLoadError(Exception):
 
     def __str__(self) -> str:
         return f"backend {self.spec!r}: {self.reason}"
+
+
+def unknown_backends_message(names: list[str], flag: str = "--backend") -> str:
+    """The usage error for backend names that are neither registered nor ``pkg.mod:attr``."""
+    listed = ", ".join(repr(n) for n in names)
+    return (f"{flag} {listed}: unknown backend{'s' if len(names) > 1 else ''}; registered: "
+            f"{', '.join(registered())}, or a third-party pkg.mod:attr")
 
 
 def registered() -> list[str]:
@@ -111,6 +146,29 @@ def get_backend(spec: str) -> Backend:
     if not isinstance(backend, Backend):
         raise BackendLoadError(spec, "object lacks the Backend protocol (name, ops, check, run)")
     return backend
+
+
+_INSTANCES: dict[str, Backend | BackendLoadError] = {}
+
+
+def backend_for(spec: str) -> Backend:
+    """The one backend object for ``spec`` in this process (``get_backend`` once, then the same object, or the same
+    ``BackendLoadError``): an adapter's own caches (cuDNN's planner probes, FLA's imports) then serve every task of
+    the run, and a backend's constructor runs once per worker, not once per task."""
+    if spec not in _INSTANCES:
+        try:
+            _INSTANCES[spec] = get_backend(spec)
+        except BackendLoadError as exc:
+            _INSTANCES[spec] = exc
+    got = _INSTANCES[spec]
+    if isinstance(got, BackendLoadError):
+        raise got
+    return got
+
+
+def forget_backends() -> None:
+    """Drop the per-process backend objects (tests that re-register a name; a worker is never asked to)."""
+    _INSTANCES.clear()
 
 
 def _construct(spec: str, what: str, factory: Callable[[], Any]) -> Any:

@@ -15,12 +15,17 @@ from typing import Any
 from deltacheck.cases import Case, CaseError
 from deltacheck.cases.support import OPS
 from deltacheck.harness import leaks, pool
-from deltacheck.harness.availability import case_verdict, load_backend
-from deltacheck.harness.backends.base import Verdict
-from deltacheck.harness.environment import probe_env
-from deltacheck.harness.execute import execute
+from deltacheck.harness.availability import case_verdict, load_backend, pair_availability
+from deltacheck.harness.backends.base import Verdict, registered, unknown_backends_message
+from deltacheck.harness.environment import device_problem, probe_env
+from deltacheck.harness.execute import RunWriteError, execute
 from deltacheck.harness.known import KnownIssuesError, known_issue_paths, load_known_issues
-from deltacheck.harness.required import RequireSpecError, required_pairs
+from deltacheck.harness.required import (
+    RequireSpecError,
+    format_required_report,
+    required_failures,
+    required_pairs,
+)
 from deltacheck.harness.rundir import ResumeError, RunDirError
 from deltacheck.harness.runner import RunOptions
 from deltacheck.harness.shards import Shard, ShardError, pairs_elsewhere, shard_cases
@@ -83,30 +88,6 @@ def _without_pairs(environ, pairs: set[tuple[str, str]]) -> dict[str, str]:
         else:  # NVTE_GDN2_TEST_REQUIRED and the like: one pair each
             out[var] = "0"
     return out
-
-
-def _device_problem(device: str) -> str | None:
-    """Why ``--device`` cannot run here (a usage error naming what is available), or None."""
-    import torch
-
-    available = ["cpu"]
-    if torch.cuda.is_available():
-        n = torch.cuda.device_count()
-        available += ["cuda"] + [f"cuda:{i}" for i in range(n)]
-    listed = f"available here: {', '.join(available)}"
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, ValueError):
-        return f"--device {device}: not a torch device; {listed}"
-    if parsed.type == "cpu":
-        return None
-    if parsed.type != "cuda":
-        return f"--device {device}: deltacheck runs on cpu or cuda; {listed}"
-    if not torch.cuda.is_available():
-        return f"--device {device}: this machine has no CUDA device torch can use; {listed}"
-    if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-        return f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); {listed}"
-    return None
 
 
 def _argument(cast, expected: str, ok) -> Callable[[str], Any]:
@@ -187,8 +168,12 @@ def cmd_run(args) -> int:
         print(f"deltacheck run: {exc}", file=sys.stderr)
         return 2
     specs = _unique(args.backend or list(FUSED_DEFAULT), "--backend")
+    unknown = [s for s in specs if ":" not in s and s not in registered()]
+    if unknown:  # before a run directory, a worker or a minute is spent on it
+        print(f"deltacheck run: {unknown_backends_message(unknown)}", file=sys.stderr)
+        return 2
     leaks.filter_at_exit()  # --in-process and --dry-run import the libraries here: cuDNN's leak report at exit
-    problem = _device_problem(args.device) if args.device else None
+    problem = device_problem(args.device, '--device') if args.device else None
     if problem:
         print(f"deltacheck run: {problem}", file=sys.stderr)
         return 2
@@ -201,6 +186,10 @@ def cmd_run(args) -> int:
         print(f"deltacheck run: {exc}", file=sys.stderr)
         return 2
     elsewhere = pairs_elsewhere(required, cases, selection)
+    upfront = required_outside_selection(required, specs, cases, elsewhere)
+    if upfront:  # known before the first task: fail now, in the words the end of the run would use
+        print(format_required_report(upfront), file=sys.stderr)
+        return 1
     if elsewhere:
         print(f"deltacheck run: note: shard {args.shard} has no case of required "
               f"{', '.join(sorted(':'.join(p) for p in elsewhere))}: the other shards judge it", file=sys.stderr)
@@ -225,9 +214,30 @@ def cmd_run(args) -> int:
         return 2
     except KeyboardInterrupt as exc:
         return 128 + (signal.SIGTERM if isinstance(exc, pool.Terminated) else signal.SIGINT)
+    except RunWriteError as exc:
+        print(f"deltacheck run: {exc}", file=sys.stderr)
+        return 1
     if args.report:
         _render_report(run_dir)
     return status
+
+
+def required_outside_selection(required, specs: list[str], cases: list[Case], elsewhere) -> list[str]:
+    """The required-mode failure lines of required pairs this selection cannot qualify whatever runs: a backend
+    not selected, or an op with no selected case (unless another shard holds it). The lines are the ones the
+    end of the run would print (``required.required_failures`` with nothing executed)."""
+    ops = {c.op for c in cases}
+    outside = {pair for pair in required if pair not in elsewhere and (pair[0] not in specs or pair[1] not in ops)}
+    if not outside:
+        return []
+    env = probe_env()
+    verdicts = {}
+    for spec, op in outside:
+        if spec in specs:
+            backend, load_error = load_backend(spec)
+            verdicts[(spec, op)] = Verdict.no(load_error) if backend is None else pair_availability(backend, spec,
+                                                                                                    op, env)
+    return required_failures(outside, verdicts, {}, {})
 
 
 def plan(cases: list[Case], backend_specs: list[str], env) -> list[dict]:

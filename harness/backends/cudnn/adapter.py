@@ -30,7 +30,7 @@ import os
 
 import torch
 
-from deltacheck.harness.availability import floors_then_library
+from deltacheck.plugin import floors_then_library
 
 from ..base import Verdict
 from ..loading import Library, load_entry_point

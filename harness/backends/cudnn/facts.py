@@ -13,7 +13,7 @@ NaNs) stays runnable with a ``KNOWN-WRONG`` note, so release qualification can s
 from __future__ import annotations
 
 from deltacheck.cases.envelope import Envelope
-from deltacheck.harness.availability import gathered, no_cuda_reason
+from deltacheck.plugin import gathered, no_cuda_reason
 from deltacheck.harness.environment import Env, version_below
 
 from ..base import Verdict

@@ -32,7 +32,7 @@ import sys
 
 import torch
 
-from deltacheck.harness.availability import floors_then_library
+from deltacheck.plugin import floors_then_library
 
 from ..base import Verdict
 from ..loading import Library, load_entry_point

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from deltacheck.cases.envelope import Envelope
-from deltacheck.harness.availability import gathered, no_cuda_reason, package_floor
+from deltacheck.plugin import gathered, no_cuda_reason, package_floor
 from deltacheck.harness.environment import Env, version_in
 
 from ..base import Verdict

@@ -39,7 +39,7 @@ import sys
 
 import torch
 
-from deltacheck.harness.availability import floors_then_library
+from deltacheck.plugin import floors_then_library
 
 from ..base import LibraryContractError, Verdict
 from ..loading import Library, load_entry_point
