@@ -20,7 +20,6 @@ import pytest
 from deltacheck.cases.support import OPS
 from deltacheck.harness.backends.base import unknown_backends_message
 
-KNOWN_BACKENDS = ("cudnn", "fla", "fla-recurrent", "oracle", "chunked", "baseline")
 _STATE_KEY = pytest.StashKey[dict]()
 
 
@@ -72,7 +71,9 @@ def _shard(text: str):
 def pytest_configure(config):
     for op in OPS:
         config.addinivalue_line("markers", f"{op}: a deltacheck case of op {op}")
-    for name in KNOWN_BACKENDS:
+    from .backends.base import registered
+
+    for name in registered():  # every registered backend has a marker; the list is the registry, not a copy
         config.addinivalue_line("markers", f"{_marker(name)}: a deltacheck case run against backend {name}")
     worker = _worker_id(config) or ""
     if worker.startswith("gw"):
@@ -144,11 +145,14 @@ def pytest_generate_tests(metafunc):
         from .shards import shard_cases
 
         cases = shard_cases(cases, config.getoption("--dc-shard"))
+    from .backends.base import registered
+
+    registered_names = set(registered())
     params = []
     for spec in _specs(config):
         for case in cases:
             marks = [getattr(pytest.mark, case.op)]
-            if spec in KNOWN_BACKENDS:
+            if spec in registered_names:
                 marks.append(getattr(pytest.mark, _marker(spec)))
             params.append(pytest.param((case, spec), id=f"{spec}::{case.id}", marks=marks))
     metafunc.parametrize("dc_task", params)

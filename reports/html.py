@@ -192,7 +192,7 @@ def render_html(run: Run, summary: dict[str, Any]) -> str:
                           [[s["count"], s["reason"], ", ".join(s["pairs"])] for s in summary["skip_reasons"]],
                           numeric={0}))
 
-    out.append("<h2>Gate: which backend × op pairs can run here</h2>")
+    out.append("<h2>Availability: which backend × op pairs can run here</h2>")
     if summary["gates"]:
         out.append(_table(
             ["backend", "op", "available", "required", "reason / notes"],
@@ -200,7 +200,7 @@ def render_html(run: Run, summary: dict[str, Any]) -> str:
               ("required" if g["runnable"] else Raw("<span class=\"bad\">required</span>")) if g["required"] else "no",
               "; ".join(x for x in [g["reason"], *g["notes"]] if x)] for g in summary["gates"]]))
     else:
-        out.append("<p>The run recorded no gate records.</p>")
+        out.append("<p>The run recorded no availability records.</p>")
 
     if summary["input_problems"]:
         out.append("<h2 id=\"input-problems\">Input problems (skipped lines of results.jsonl)</h2><ul>")

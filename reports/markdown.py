@@ -163,7 +163,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
                      [[s["count"], s["reason"], ", ".join(s["pairs"])] for s in skips])
         out.append("")
 
-    out += ["## Gate: which backend × op pairs can run here", ""]
+    out += ["## Availability: which backend × op pairs can run here", ""]
     if summary["gates"]:
         out += table(
             ["backend", "op", "available", "required", "reason / notes"],
