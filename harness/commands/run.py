@@ -19,7 +19,7 @@ from deltacheck.harness.availability import case_verdict, load_backend
 from deltacheck.harness.backends.base import Verdict
 from deltacheck.harness.environment import probe_env
 from deltacheck.harness.execute import execute
-from deltacheck.harness.known import KnownIssuesError, known_issue_paths, load_known_issues
+from deltacheck.harness.known import KnownIssuesError, known_issue_paths, load_known_issues, run_backend_names
 from deltacheck.harness.required import RequireSpecError, required_pairs
 from deltacheck.harness.rundir import ResumeError, RunDirError
 from deltacheck.harness.runner import RunOptions
@@ -205,7 +205,7 @@ def cmd_run(args) -> int:
         print(f"deltacheck run: note: shard {args.shard} has no case of required "
               f"{', '.join(sorted(':'.join(p) for p in elsewhere))}: the other shards judge it", file=sys.stderr)
     try:
-        load_known_issues(known_issue_paths(args.known_issues))
+        load_known_issues(known_issue_paths(args.known_issues), backends=run_backend_names(specs))
     except KnownIssuesError as exc:
         print(f"deltacheck run: {exc}", file=sys.stderr)
         return 2
