@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from child_env import ENV, TESTS
+from child_env import ENV, HANG_GUARD_S, TESTS
 
 from deltacheck.cases import Case
 from deltacheck.harness.environment import Env
@@ -212,7 +212,7 @@ def pytest_outcome(known: Path):
             "--dc-backend", "fake_backends:NaNOnOneCase", "--dc-limit", "3", "--dc-k", SELECTION,
             "--dc-reference", "oracle", "--dc-no-baseline"]
     proc = subprocess.run(argv, env=dict(ENV, DELTACHECK_KNOWN_ISSUES=str(known)), capture_output=True, text=True,
-                          timeout=300, cwd=TESTS.parent)
+                          timeout=HANG_GUARD_S, cwd=TESTS.parent)
     return proc.returncode, proc.stdout + proc.stderr
 
 
