@@ -178,10 +178,11 @@ def render_html(run: Run, summary: dict[str, Any]) -> str:
         for f in failures[:MAX_FAILURES_SHOWN]:
             m = f["metrics"]
             rows.append([f["status"], f["backend"], f["check"], _code(f["case"]), f["reason"],
-                         fmt_err(m.get("rel_rms")), fmt_headroom(m.get("headroom")),
+                         fmt_err(m.get("rel_rms")), fmt_err(m.get("limit")), fmt_err(m.get("threshold")),
+                         fmt_headroom(m.get("headroom")),
                          m.get("first_bad_token", "–"), _code(f["repro"])])
-        out.append(_table(["status", "backend", "check", "case", "reason", "rel RMS", "headroom",
-                           "first bad token", "repro"], rows, numeric={5, 6, 7}))
+        out.append(_table(["status", "backend", "check", "case", "reason", "rel RMS", "judged limit", "threshold",
+                           "headroom", "first bad token", "repro"], rows, numeric={5, 6, 7, 8, 9}))
         if len(failures) > MAX_FAILURES_SHOWN:
             out.append(f"<p class=\"muted\">… and {len(failures) - MAX_FAILURES_SHOWN} more in summary.json.</p>")
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .frontier import markdown_section
-from .summary import counts_line, fmt_err, fmt_headroom, short_env, time_section
+from .summary import counts_line, fmt_err, fmt_headroom, limit_text, short_env, time_section
 
 MAX_FAILURES_LISTED = 40
 
@@ -135,8 +135,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
             m = f["metrics"]
             bits = []
             if "rel_rms" in m:
-                bits.append(f"rel RMS {fmt_err(m['rel_rms'])}"
-                            + (f" (limit {fmt_err(m['threshold'])})" if "threshold" in m else ""))
+                bits.append(f"rel RMS {fmt_err(m['rel_rms'])}" + limit_text(m))
             if "headroom" in m:
                 bits.append(f"headroom {fmt_headroom(m['headroom'])}")
             if "max_abs" in m:

@@ -64,9 +64,20 @@ def required_failures(run: Run) -> tuple[list[str], bool]:
     return lines, True
 
 
+def limit_text(m: dict[str, Any]) -> str:
+    """`` (limit L, threshold T)``: the limit the check was judged against, then the absolute threshold, labelled
+    as such (the limit is min(threshold, c x baseline), so the two differ whenever a baseline tightened it)."""
+    parts = []
+    if m.get("limit") is not None:
+        parts.append(f"limit {fmt_err(m['limit'])}")
+    if m.get("threshold") is not None:
+        parts.append(f"threshold {fmt_err(m['threshold'])}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def _metrics_brief(result: dict[str, Any]) -> dict[str, Any]:
     m = result["metrics"]
-    return {k: m.get(k) for k in ("rel_rms", "max_abs", "headroom", "threshold", "first_bad_token",
+    return {k: m.get(k) for k in ("rel_rms", "max_abs", "headroom", "limit", "threshold", "first_bad_token",
                                   "worst_head", "worst_seq", "nan", "inf") if m.get(k) is not None}
 
 
