@@ -55,6 +55,7 @@ class RunOptions:
     baseline: bool = True  # compute the same-precision baseline for the FlashAttention criterion
     margin: int = 64  # NaN elements each side of every input buffer
     known_issues: tuple[str, ...] = ()  # known-issues files (harness/known.py), loaded by every worker
+    threads: int | None = None  # torch threads in each process that runs tasks (pool.torch_threads); None: torch's
 
 
 # --- inputs --------------------------------------------------------------------------------------
@@ -154,6 +155,8 @@ class CaseRunner:
 
     def __init__(self, opts: RunOptions, keep: int = 1):
         self.opts = opts
+        if opts.threads:  # every process that runs tasks (a worker, or the in-process run) makes one CaseRunner
+            torch.set_num_threads(opts.threads)
         self.keep = keep  # how many cases' expected values to hold (tasks arrive case-major: 1 suffices)
         self._expected: dict[str, Expected] = {}
         self._known = None

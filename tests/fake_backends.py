@@ -375,3 +375,12 @@ class TinyState(Working):
     def run(self, case, inputs):
         out, state = super().run(case, inputs)
         return out, torch.full_like(state, 1e-46 * case.total_tokens)
+
+
+class ReportsThreads(Working):
+    """Declines every case, saying how many torch threads the process that judged it uses (tests/test_runner.py)."""
+
+    name = "reports-threads"
+
+    def check(self, case, env):
+        return Verdict.no(f"torch threads in this process: {torch.get_num_threads()}")

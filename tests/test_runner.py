@@ -605,3 +605,42 @@ def test_continuation_self_applies_the_negligible_rule_to_a_decayed_state(tmp_pa
         sys.path.remove(str(TESTS))
     r = results["continuation_self"]
     assert r.metrics["state_rel_rms_vs_self"] > 0.5 and r.status == "pass", r.reason
+
+
+# --- torch threads: each process's share of the cores, an explicit setting respected, the header saying it -------
+
+
+def test_each_process_gets_its_share_of_the_free_cores_unless_told():
+    from deltacheck.harness.pool import torch_threads
+
+    assert torch_threads(1, environ={}, cores=8, load=0.0)[0] == 8
+    assert torch_threads(4, environ={}, cores=8, load=0.0)[0] == 2
+    assert torch_threads(1, environ={}, cores=2, load=5.3)[0] == 1  # a busy shared machine: one thread, not two
+    assert torch_threads(3, environ={}, cores=2, load=0.0)[0] == 1
+    assert torch_threads(4, environ={"OMP_NUM_THREADS": "3"}, cores=8, load=0.0) == (3, "OMP_NUM_THREADS")
+    assert torch_threads(4, 5, environ={"OMP_NUM_THREADS": "3"}, cores=8, load=0.0) == (5, "--threads")
+    assert torch_threads(1, environ={"OMP_NUM_THREADS": "many"}, cores=2, load=0.0)[0] == 2
+
+
+@pytest.mark.parametrize("where", ["worker", "in-process"])
+def test_threads_reach_the_process_that_runs_the_tasks_and_the_header(where, tmp_path, run_cli):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        rc, text = run_cli(["run", "--backend", "fake_backends:ReportsThreads", "--case", CASE_IDS[0], "--threads", "1",
+                            "--out", str(tmp_path), "--reference", "oracle", "--no-baseline",
+                            *(["--in-process"] if where == "in-process" else [])],
+                           env={"OMP_NUM_THREADS": "2", "PYTHONPATH": ENV["PYTHONPATH"]})
+    finally:
+        torch.set_num_threads(before)
+    (run_dir,) = tmp_path.iterdir()
+    recs = records(run_dir)
+    assert recs[0]["options"]["threads"] == 1, recs[0]
+    skips = {r["reason"] for r in recs if r["kind"] == "result"}
+    assert skips == {"torch threads in this process: 1"}, (skips, text)
+
+
+def test_env_says_how_many_torch_threads_a_run_would_use(run_cli):
+    rc, text = run_cli(["env"], env={"OMP_NUM_THREADS": "1"})
+    assert "torch threads: 1 per process for a one-process run (OMP_NUM_THREADS)" in text, text

@@ -170,14 +170,19 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                         "one compile family (backend, op, dtype, head dims) while it has tasks, so a JIT kernel "
                         "is built in few processes; with several GPUs visible, worker k uses GPU k mod count. "
                         "Speeds up first-compile-bound fused runs")
+    p.add_argument("--threads", type=_positive_int, default=None, metavar="N",
+                   help="torch threads in each process that runs tasks (each worker, or this one with "
+                        "--in-process). Default: $OMP_NUM_THREADS if set, else each process's share of the cores "
+                        "not already busy (`deltacheck env` shows it); the run header records it (options.threads)")
 
 
 def _options(args) -> RunOptions:
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    threads, _ = pool.torch_threads(1 if args.in_process else args.jobs, getattr(args, "threads", None))
     return RunOptions(device=device, reference=args.reference, baseline=not args.no_baseline,
-                      known_issues=tuple(known_issue_paths(args.known_issues)))
+                      known_issues=tuple(known_issue_paths(args.known_issues)), threads=threads)
 
 
 def cmd_run(args) -> int:
