@@ -384,3 +384,12 @@ class ReportsThreads(Working):
 
     def check(self, case, env):
         return Verdict.no(f"torch threads in this process: {torch.get_num_threads()}")
+
+
+class Noting(Working):
+    """Runs as the oracle, noting a conversion in its verdict as the docs ask adapters to (tests/test_reports.py)."""
+
+    name = "noting-kernel"
+
+    def check(self, case, env):
+        return Verdict.ok("beta cast fp32 -> bf16, as the op demands (fake)")

@@ -248,3 +248,21 @@ def test_every_report_names_the_judged_limit_and_labels_the_threshold(tmp_path):
 
     plot = plot_worst_token_curve(load_run(run_dir))
     assert "Dashed: the judged limit 9.5e-03 (threshold 2.0e-02)." in plot.caption, plot.caption
+
+
+def test_an_adapters_notes_and_its_backends_name_reach_the_reports(tmp_path, run_cli):
+    case = "gdn-bf16-thd-N1-T[20]-H2/2/2-K64-V64-steep"
+    rc, text = run_cli(["run", "--backend", "fake_backends:Noting", "--case", case, "--in-process", "--out",
+                        str(tmp_path), "--reference", "oracle", "--no-baseline", "--report"])
+    assert rc == 0, text
+    (run_dir,) = tmp_path.iterdir()
+    forward = next(json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()
+                   if '"check": "forward"' in line)
+    assert forward["metrics"]["adapter_notes"] == ["beta cast fp32 -> bf16, as the op demands (fake)"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["adapter_notes"] == [{"backend": "fake_backends:Noting", "op": "gdn",
+                                         "note": "beta cast fp32 -> bf16, as the op demands (fake)", "cases": 1}]
+    md = (run_dir / "summary.md").read_text()
+    assert "fake_backends:Noting (noting-kernel)" in md and "beta cast fp32 -> bf16, as the op demands (fake)" in md
+    html = (run_dir / "report.html").read_text()
+    assert "fake_backends:Noting (noting-kernel)" in html and "beta cast fp32 -&gt; bf16" in html
