@@ -170,6 +170,9 @@ def availability_records(backend_specs: list[str], env, required) -> dict[tuple[
                                       "reason": v.reason, "backward": v.backward,
                                       "backward_reason": v.backward_reason, "notes": list(v.notes),
                                       "required": (spec, op) in required}
+            name = getattr(backend, "name", None)
+            if isinstance(name, str) and name != spec:  # the backend's own name, shown beside the spec
+                records[(spec, op)][1]["name"] = name
     return records
 
 

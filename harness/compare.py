@@ -16,6 +16,7 @@ failing good kernels spuriously. Without a baseline the limit is the threshold. 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -216,3 +217,33 @@ def localize(actual: torch.Tensor, ref: torch.Tensor, offsets: list[int], limit:
 
 def _finite_or_str(x: float):
     return x if math.isfinite(x) else str(x)
+
+
+def kind_of_wrong(quantity: str, actual: torch.Tensor, ref: torch.Tensor, limit: float, *,
+                  scale: float | None = None, without_h0: Callable[[], tuple] | None = None) -> str:
+    """A name for the commonest adapter bugs, where naming one is cheap: ``actual`` (a failing ``out`` or final
+    ``state``) matches, within ``limit``, the reference transposed (the state's orientation), the reference with
+    the scale dropped or applied twice, or the reference run without the initial state (``without_h0()`` gives
+    that run's ``(out, state)``; called only when nothing cheaper fits). '' when none fits."""
+    a = actual.detach().to(F64)
+    if not bool(torch.isfinite(a).all()):
+        return ""
+
+    def fits(candidate: torch.Tensor) -> bool:
+        candidate = candidate.detach().to(F64)
+        return candidate.shape == a.shape and rel_rms(a, candidate) <= limit
+
+    if quantity == "state" and ref.dim() >= 2 and fits(ref.transpose(-1, -2)):
+        return ("the final state matches the reference's transpose: value-major [N, HO, V, K] returned where "
+                "key-major [N, HO, K, V] is promised (the adapter must convert the kernel's state orientation)")
+    if quantity == "out" and scale is not None and scale != 1.0:
+        if fits(ref / scale):
+            return f"the output matches the reference with the scale dropped (out / {scale:g}: scale not applied)"
+        if fits(ref * scale):
+            return f"the output matches the reference with the scale applied twice (out x {scale:g})"
+    if without_h0 is not None:
+        out0, state0 = without_h0()
+        if fits(out0 if quantity == "out" else state0):
+            return (f"the {'output' if quantity == 'out' else 'final state'} matches the reference run without "
+                    "the initial state (initial_state dropped)")
+    return ""

@@ -8,15 +8,20 @@ A table ships with the project (``harness/known_issues.toml``); users add files 
     [[issue]]
     id = "cudnn-kda-hopper-nan-steep-decay"       # unique
     backend = "cudnn"                              # a registered name, a Backend's name, or pkg.mod:attr
-    op = "kda"
+    op = "kda"                                     # one of cases.support.OPS
     versions = { nvidia-cudnn-frontend = ">=1.30,<1.33" }   # optional: PEP 440 specifiers per package
     sm = [90]                                      # optional (an extension): GPU architectures it is seen on
     where = "extreme"                              # a -k expression over case ids
-    checks = ["forward", "state"]                  # optional: only these checks (default: every check)
+    checks = ["forward", "state"]                  # optional: only these checks (default: every check); names
+                                                   # as harness.task.checks_for gives them (CHECK_NAMES)
     reason = "all-NaN output under steep decay, no decline"
     evidence = "deltacheck run --case '...' --backend cudnn (H200, FE 1.32.0)"
 
 A failing check an entry matches becomes ``known`` (an xfail): not a failure, listed apart, counted on its own.
+Values are validated, not only keys: an unknown op, check name or backend is refused (``KnownIssuesError`` naming
+the entry and the valid values), since such an entry could never match and strict mode could never flag it. The
+backend is checked where the run's backends are known (``load_known_issues(..., backends=...)``): a registered
+name, the ``name`` of a backend of the run, or a ``pkg.mod:attr`` spec (accepted as is).
 Strict, like pytest's ``xfail_strict``: a case an entry matches whose in-scope checks all pass fails the run
 with "known issue no longer reproduces". docs/required-mode.md and docs/run-directory.md describe the rest.
 """
@@ -31,6 +36,7 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from deltacheck.cases.kexpr import KExprError, compile_k
+from deltacheck.cases.support import OPS
 
 from .environment import DIST_KEYS, version_in
 
@@ -43,6 +49,11 @@ ENV_VAR = "DELTACHECK_KNOWN_ISSUES"
 SHIPPED = Path(__file__).with_name("known_issues.toml")
 _KEYS = {"id", "backend", "op", "versions", "sm", "where", "checks", "reason", "evidence"}
 _REQUIRED = ("id", "backend", "op", "where", "reason", "evidence")
+
+
+# Every check name a task can owe (harness.task.checks_for; grad_<input> for each input grad_inputs can list).
+CHECK_NAMES = ("forward", "state", "continuation_ref", "continuation_self", "determinism",
+               *(f"grad_{n}" for n in ("q", "k", "v", "g", "beta", "w", "initial_state", "a_log", "dt_bias")))
 
 
 class KnownIssuesError(ValueError):
@@ -115,12 +126,22 @@ def _entry(raw: Mapping, where: str, seen: dict[str, str]) -> KnownIssue:
         raise KnownIssuesError(f"{where}: checks must be a list of check names")
     if not isinstance(sm, list) or not all(isinstance(x, int) for x in sm):
         raise KnownIssuesError(f"{where}: sm must be a list of compute capabilities like [90]")
+    if raw["op"] not in OPS:
+        raise KnownIssuesError(f"{where}: op = {raw['op']!r} is not an op; ops are {', '.join(OPS)}")
+    bad = [c for c in checks if c not in CHECK_NAMES]
+    if bad:
+        raise KnownIssuesError(f"{where}: checks: {', '.join(map(repr, bad))} not a check name; checks are "
+                               f"{', '.join(CHECK_NAMES)}")
     return KnownIssue(ident, raw["backend"], raw["op"], raw["where"], raw["reason"], raw["evidence"],
                       dict(versions), tuple(sm), tuple(checks), source=where)
 
 
-def load_known_issues(paths: Iterable[str | os.PathLike]) -> list[KnownIssue]:
-    """Every entry of every file, in order; a file that cannot be used raises ``KnownIssuesError``."""
+def load_known_issues(paths: Iterable[str | os.PathLike], backends: Iterable[str] | None = None) -> list[KnownIssue]:
+    """Every entry of every file, in order; a file that cannot be used raises ``KnownIssuesError``.
+
+    ``backends``: the specs and names of the run's backends, where the caller knows them (``run`` and the pytest
+    plugin, before the first task): an entry's backend must then be a registered name, one of these, or a
+    ``pkg.mod:attr`` spec. Without it (a worker, after the upfront check) the backend is not checked."""
     entries: list[KnownIssue] = []
     seen: dict[str, str] = {}
     for path in paths:
@@ -136,7 +157,33 @@ def load_known_issues(paths: Iterable[str | os.PathLike]) -> list[KnownIssue]:
             raise KnownIssuesError(f"known issues file {path}: expected only [[issue]] tables")
         for n, raw in enumerate(issues, 1):
             entries.append(_entry(raw, f"{path} issue #{n}", seen))
+    if backends is not None:
+        _check_backends(entries, set(backends))
     return entries
+
+
+def _check_backends(entries: list[KnownIssue], names: set[str]) -> None:
+    from .backends.base import registered
+
+    valid = set(registered()) | names
+    for issue in entries:
+        if ":" not in issue.backend and issue.backend not in valid:
+            raise KnownIssuesError(f"{issue.source}: backend = {issue.backend!r} is not a backend; backends are "
+                                   f"{', '.join(sorted(valid))}, or a pkg.mod:attr spec")
+
+
+def run_backend_names(specs: Iterable[str]) -> list[str]:
+    """The specs and, for each that loads, its backend's ``name`` (what an entry's ``backend`` may say); a spec
+    that cannot be loaded stays a result of the run, not an error here."""
+    from .availability import load_backend
+
+    names = []
+    for spec in specs:
+        names.append(spec)
+        backend, _ = load_backend(spec) if ":" in spec else (None, None)
+        if backend is not None and isinstance(getattr(backend, "name", None), str):
+            names.append(backend.name)
+    return names
 
 
 def known_issue_paths(extra: Iterable[str] = (), environ: Mapping[str, str] | None = None) -> list[str]:

@@ -286,6 +286,38 @@ def compile_family(case, spec: str) -> tuple:
     return (spec, case.op, case.io_dtype, case.K, case.V)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, where the OS says; else every core)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def torch_threads(jobs: int = 1, explicit: int | None = None, environ=None, *, cores: int | None = None,
+                  load: float | None = None) -> tuple[int, str]:
+    """(torch threads for each process of a run, how that was decided). ``--threads N`` first, then an explicit
+    ``OMP_NUM_THREADS``; otherwise each of the ``jobs`` processes gets its share of the cores not already busy
+    (the 1-minute load average, read before the run starts): torch's default of a thread per core oversubscribes
+    a shared CI machine, and spinning OpenMP threads then run many times slower than one thread each."""
+    environ = os.environ if environ is None else environ
+    if explicit is not None:
+        return explicit, "--threads"
+    omp = environ.get("OMP_NUM_THREADS", "").strip()
+    if omp.isdigit() and int(omp) > 0:
+        return int(omp), "OMP_NUM_THREADS"
+    cores = usable_cores() if cores is None else cores
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            load = 0.0
+    free = min(cores, max(1, cores - int(load)))
+    n = max(1, free // max(1, jobs))
+    return n, (f"{cores} core(s), load {load:.1f}, {jobs} process(es): a share of the free cores each "
+               "(--threads N or OMP_NUM_THREADS to set it)")
+
+
 def run_parallel(tasks, run_dir: Path, opts, on_done, jobs: int, task_timeout: float | None = None) -> None:
     """``jobs`` workers side by side on one shared ``TaskQueue``, each with its own results file; the
     files are folded into results.jsonl when the workers end — also when one raised or the run was
@@ -300,12 +332,16 @@ def run_parallel(tasks, run_dir: Path, opts, on_done, jobs: int, task_timeout: f
             on_done(i, summary)
 
     # Each worker's torch would start one thread per core: N workers oversubscribe the cores N times, and
-    # spinning OpenMP threads then run several times slower than one worker alone. A share each instead.
-    cpu_share = str(max(1, (os.cpu_count() or 1) // jobs))
+    # spinning OpenMP threads then run several times slower than one worker alone. A share each instead
+    # (opts.threads, set by `deltacheck run`; the worker's CaseRunner applies it too).
+    cpu_share = str(opts.threads or max(1, usable_cores() // jobs))
 
     def one(k: int) -> None:
         env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", cpu_share)
+        if opts.threads:
+            env["OMP_NUM_THREADS"] = cpu_share
+        else:
+            env.setdefault("OMP_NUM_THREADS", cpu_share)
         if len(gpus) > 1:
             env["CUDA_VISIBLE_DEVICES"] = gpus[k % len(gpus)]
         try:

@@ -89,11 +89,11 @@ def pytest_configure(config):
     filter_at_exit()  # cuDNN's nanobind leak report at this process's exit stays out of the terminal
     config.stash[_STATE_KEY] = {"tally": RequiredTally()}
     _open_run_dir(config)
-    from .known import KnownIssuesError, known_issue_paths, load_known_issues
+    from .known import KnownIssuesError, known_issue_paths, load_known_issues, run_backend_names
 
     try:  # a malformed DELTACHECK_REQUIRE / NVTE_* setting or known-issues file is a usage error, reported once
         required_pairs()
-        load_known_issues(known_issue_paths())
+        load_known_issues(known_issue_paths(), backends=run_backend_names(_specs(config)))
     except (RequireSpecError, KnownIssuesError) as exc:
         raise pytest.UsageError(str(exc)) from None
     _check_usage(config)

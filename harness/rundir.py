@@ -127,9 +127,10 @@ def selection_difference(header: dict, backend_specs: list[str], extra: dict, ca
     theirs_opts = header.get("options")
     ours_opts = json.loads(json.dumps(extra.get("options") or {}))  # as the header holds it (tuples are lists)
     if isinstance(theirs_opts, dict):
-        # which known-issues files classify failures is not a selection: a resume may bring a newer table
+        # which known-issues files classify failures is not a selection: a resume may bring a newer table; nor is
+        # how many torch threads a process used
         changed = [f"{k} {ours_opts[k]!r} (the run's: {theirs_opts[k]!r})" for k in sorted(ours_opts)
-                   if k in theirs_opts and theirs_opts[k] != ours_opts[k] and k != "known_issues"]
+                   if k in theirs_opts and theirs_opts[k] != ours_opts[k] and k not in ("known_issues", "threads")]
         if changed:
             differences.append("options: " + ", ".join(changed))
     return "; ".join(differences)

@@ -17,6 +17,7 @@ import functools
 import math
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -26,7 +27,7 @@ from deltacheck.cases import Case, make_inputs
 from deltacheck.reference import layouts
 
 from . import compare
-from .backends.base import Backend, Verdict
+from .backends.base import Backend, Verdict, get_backend
 from .expected import (
     F64,
     GRAD_NAMES,
@@ -54,6 +55,7 @@ class RunOptions:
     baseline: bool = True  # compute the same-precision baseline for the FlashAttention criterion
     margin: int = 64  # NaN elements each side of every input buffer
     known_issues: tuple[str, ...] = ()  # known-issues files (harness/known.py), loaded by every worker
+    threads: int | None = None  # torch threads in each process that runs tasks (pool.torch_threads); None: torch's
 
 
 # --- inputs --------------------------------------------------------------------------------------
@@ -153,9 +155,12 @@ class CaseRunner:
 
     def __init__(self, opts: RunOptions, keep: int = 1):
         self.opts = opts
+        if opts.threads:  # every process that runs tasks (a worker, or the in-process run) makes one CaseRunner
+            torch.set_num_threads(opts.threads)
         self.keep = keep  # how many cases' expected values to hold (tasks arrive case-major: 1 suffices)
         self._expected: dict[str, Expected] = {}
         self._known = None
+        self._no_h0: dict[str, tuple] = {}  # the reference without its initial state, where a failure asked
         self.phases: dict[str, float] = {}
 
     def known_issues(self) -> list:
@@ -246,12 +251,39 @@ class CaseRunner:
         results += [base(check=c, status="error", reason=reason) for c in checks_for(case) if c not in done]
 
     def _judge(self, case, quantity, check, actual, expected, baseline, base, seconds, offsets=None,
-               reduction: dict | None = None):
+               reduction: dict | None = None, kind: Callable | None = None):
         # The final state and a continuation (whose state is carried between calls) pass through the state dtype.
         carried = case.state_dtype if (quantity == "state" or check.startswith("continuation")) else None
         with self._phase("judging"):
-            return self._judged(case, quantity, check, actual, expected, baseline, base, seconds, offsets, reduction,
-                                carried)
+            r = self._judged(case, quantity, check, actual, expected, baseline, base, seconds, offsets, reduction,
+                             carried)
+            if kind is not None and r.status == "fail":  # name the kind of wrong where that is cheap
+                limit = r.metrics.get("limit", compare.tolerance(case.op, case.io_dtype, quantity).threshold)
+                named = kind(actual, expected, limit)
+                if named:
+                    r.reason += f"; {named}"
+                    r.metrics["kind_of_wrong"] = named
+            return r
+
+    def _kind(self, case, quantity: str, exp: Expected) -> Callable:
+        """``kind(actual, expected, limit)`` for the forward's out or state: compare.kind_of_wrong with the case's
+        scale and, for a case with an initial state, the reference run without it (computed only if asked)."""
+        scale = case.scale if case.scale is not None else 1.0 / math.sqrt(case.K)
+
+        def without_h0():
+            key = f"{case.id}|{exp.reference}"
+            if key not in self._no_h0:
+                ref = get_backend(exp.reference)
+                inputs = {n: (x.to(torch.float64) if x is not None and x.is_floating_point() else x)
+                          for n, x in make_inputs(case, self.opts.device).items()}
+                with torch.no_grad():
+                    out, state = ref.run(case, dict(inputs, initial_state=None))
+                self._no_h0.clear()  # the last case's only: tasks arrive case-major
+                self._no_h0[key] = (to_packed(out, case).to(torch.float64), state.to(torch.float64))
+            return self._no_h0[key]
+
+        return lambda actual, expected, limit: compare.kind_of_wrong(
+            quantity, actual, expected, limit, scale=scale, without_h0=without_h0 if case.initial_state else None)
 
     def _judged(self, case, quantity, check, actual, expected, baseline, base, seconds, offsets, reduction, carried):
         m = compare.metrics(actual, expected)
@@ -316,9 +348,9 @@ class CaseRunner:
         packed = to_packed(out, case)
         # Judged (and streamed) before the backward runs: a crash in the backward keeps these.
         results.append(self._judge(case, "out", "forward", packed, exp.out, exp.baseline_err.get("out"),
-                                   base, seconds, offsets))
+                                   base, seconds, offsets, kind=self._kind(case, "out", exp)))
         results.append(self._judge(case, "state", "state", state, exp.state, exp.baseline_err.get("state"),
-                                   base, seconds))
+                                   base, seconds, kind=self._kind(case, "state", exp)))
         with self._phase("backward"):
             grads = (input_grads(weighted_loss(case, out, state, opts.device), {n: inputs[n] for n in names})
                      if names else {})

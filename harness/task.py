@@ -103,6 +103,8 @@ def run_task(runner, case, spec: str, env, sink=None) -> TaskResults:
         note = envelope_verdict(backend, spec, case, env, verdict)
     except Exception as exc:  # noqa: BLE001 - an envelope that cannot judge is noted, never the task's end
         note = {"envelope_disagreement": f"the envelope could not be evaluated: {type(exc).__name__}: {exc}"}
+    if verdict.runnable and verdict.notes:  # what the adapter changed on the way in (Verdict.ok("...")): reported
+        note = {**(note or {}), "adapter_notes": list(verdict.notes)}
     try:
         runner.run(case, backend, spec, verdict, env, sink=emit, forward_metrics=note)
     except Exception as exc:  # noqa: BLE001 - the harness's own failure on one case must not end the run

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from . import layouts
-from .checks import check_dtypes, check_finite
+from .checks import check_devices, check_dtypes, check_finite, check_linear_gate
 from .flags import (
     DEFAULT_GATE_LOWER_BOUND,
     L2NORM_EPS,
@@ -173,9 +173,12 @@ def _run(
                 f"initial_state: expected shape {list(want)} ([N, HO, {'V, K' if state_layout == 'vk' else 'K, V'}],"
                 f" state_layout={state_layout!r}), got {list(initial_state.shape)}"
             )
+    check_devices({**given, "initial_state": initial_state, "a_log": a_log, "dt_bias": dt_bias})
     check_dtypes(q, k, v, beta, w)
     if not allow_nonfinite:
         check_finite({**given, "initial_state": initial_state, "a_log": a_log, "dt_bias": dt_bias})
+    if gate_domain == "linear":
+        check_linear_gate(g)
     if scale is None:
         scale = 1.0 / math.sqrt(K)
 
@@ -373,10 +376,14 @@ def gdp(
                  a_log=a_log, dt_bias=dt_bias)
     if g.shape[0] != T:
         raise ReferenceInputError(f"g: expected one row per real token ([T={T}, HO]), got {list(g.shape)}")
+    inputs = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": initial_state, "a_log": a_log,
+              "dt_bias": dt_bias}
+    check_devices(inputs)
     check_dtypes(q, subtoken["k"], subtoken["v"], subtoken["beta"], None)
     if not allow_nonfinite:
-        check_finite({"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": initial_state,
-                       "a_log": a_log, "dt_bias": dt_bias})
+        check_finite(inputs)
+    if gate_domain == "linear":
+        check_linear_gate(g)
     # The gate transform belongs to the real token; the expanded timeline then carries a plain
     # log-decay on sub-token 0 and no decay (0) on the others.
     pre = compute_dtype if compute_dtype.itemsize >= 4 else torch.float32

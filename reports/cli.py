@@ -52,9 +52,12 @@ def _report(args: argparse.Namespace) -> int:
     print(f"{summary['verdict']}: {counts_line(summary)}")
     for line in summary["required_failures"]:
         print(f"  {line}")
-    if written.run.problems:
-        print(f"  {len(written.run.problems)} unusable line(s) of results.jsonl skipped: "
-              + ", ".join(str(p.line) for p in written.run.problems if p.line is not None))
+    skipped = [p for p in written.run.problems if p.line is not None]
+    if skipped:
+        print(f"  {len(skipped)} unusable line(s) of results.jsonl skipped: " + ", ".join(str(p.line) for p in skipped))
+    for p in written.run.problems:
+        if p.line is None:  # about the file as a whole (no header, unfolded worker files): said, never a count
+            print(f"  note: {p}")
     return 0
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from .frontier import fmt_bound
 from .load import Run
 from .plots import PlotsUnavailable, frontier_plots, make_plots
-from .summary import counts_line, fmt_err, fmt_headroom, largest_phase, short_env, time_rows
+from .summary import backend_label, counts_line, fmt_err, fmt_headroom, largest_phase, short_env, time_rows
 
 MAX_FAILURES_SHOWN = 200
 
@@ -130,7 +130,7 @@ def render_html(run: Run, summary: dict[str, Any]) -> str:
             ["backend", "op", "cases", "ran", "passed", "failed", "errored", "declined",
              "checks pass / fail / known / skip / error", "floor-judged", "ill-posed", "envelope notes", "worst headroom",
              "worst case (check)", "worker s"],
-            [[p["backend"], p["op"], p["cases"], p["ran"], p["passed"], _count(p["failed"]), _count(p["errored"]),
+            [[backend_label(p), p["op"], p["cases"], p["ran"], p["passed"], _count(p["failed"]), _count(p["errored"]),
               p["declined"], " / ".join(str(p["checks"].get(k, 0)) for k in ("pass", "fail", "known", "skip", "error")),
               p.get("floor_judged", 0), p.get("ill_posed", 0), _count(p.get("envelope_disagreements", 0)),
               fmt_headroom(p["worst_headroom"]),
@@ -146,6 +146,11 @@ def render_html(run: Run, summary: dict[str, Any]) -> str:
             out.append(_table(["issue", "backend", "case", "check", "reason", "re-run"],
                               [[k["issue"], k["backend"], _code(k["case"]), k["check"], k["reason"], _code(k["repro"])]
                                for k in summary["known"][:100]]))
+        if summary.get("adapter_notes"):
+            out.append("<h2>Adapter notes (what an adapter changed on the way in)</h2>")
+            out.append(_table(["backend", "op", "note", "cases"],
+                              [[n["backend"], n["op"], n["note"], n["cases"]] for n in summary["adapter_notes"][:100]],
+                              numeric={3}))
         if summary.get("envelope_disagreements"):
             out.append("<h2>Envelope disagreements</h2>")
             out.append(_table(["backend", "case", "note", "re-run"],
@@ -178,10 +183,11 @@ def render_html(run: Run, summary: dict[str, Any]) -> str:
         for f in failures[:MAX_FAILURES_SHOWN]:
             m = f["metrics"]
             rows.append([f["status"], f["backend"], f["check"], _code(f["case"]), f["reason"],
-                         fmt_err(m.get("rel_rms")), fmt_headroom(m.get("headroom")),
+                         fmt_err(m.get("rel_rms")), fmt_err(m.get("limit")), fmt_err(m.get("threshold")),
+                         fmt_headroom(m.get("headroom")),
                          m.get("first_bad_token", "–"), _code(f["repro"])])
-        out.append(_table(["status", "backend", "check", "case", "reason", "rel RMS", "headroom",
-                           "first bad token", "repro"], rows, numeric={5, 6, 7}))
+        out.append(_table(["status", "backend", "check", "case", "reason", "rel RMS", "judged limit", "threshold",
+                           "headroom", "first bad token", "repro"], rows, numeric={5, 6, 7, 8, 9}))
         if len(failures) > MAX_FAILURES_SHOWN:
             out.append(f"<p class=\"muted\">… and {len(failures) - MAX_FAILURES_SHOWN} more in summary.json.</p>")
 

@@ -26,7 +26,7 @@ def _text(value: Any) -> str:
 def _failure_text(result: dict[str, Any]) -> str:
     m = result["metrics"]
     lines = [result["reason"], ""]
-    for key in ("rel_rms", "threshold", "max_abs", "baseline", "cosine"):
+    for key in ("rel_rms", "limit", "threshold", "max_abs", "baseline", "cosine"):
         if m.get(key) is not None:
             lines.append(f"{key}: {fmt_err(m[key])}")
     if m.get("headroom") is not None:

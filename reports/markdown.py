@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .frontier import markdown_section
-from .summary import counts_line, fmt_err, fmt_headroom, short_env, time_section
+from .summary import backend_label, counts_line, fmt_err, fmt_headroom, limit_text, short_env, time_section
 
 MAX_FAILURES_LISTED = 40
 
@@ -78,7 +78,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
             ["backend", "op", "cases", "ran", "passed", "failed", "errored", "declined",
              "checks pass / fail / known / skip / error", "floor-judged", "ill-posed", "envelope notes", "worst headroom",
              "worst case (check)", "worker s"],
-            [[p["backend"], p["op"], p["cases"], p["ran"], p["passed"], f"**{p['failed']}**" if p["failed"] else 0,
+            [[backend_label(p), p["op"], p["cases"], p["ran"], p["passed"], f"**{p['failed']}**" if p["failed"] else 0,
               f"**{p['errored']}**" if p["errored"] else 0, p["declined"],
               " / ".join(str(p["checks"].get(s, 0)) for s in ("pass", "fail", "known", "skip", "error")),
               p.get("floor_judged", 0), p.get("ill_posed", 0),
@@ -101,6 +101,11 @@ def render_markdown(summary: dict[str, Any]) -> str:
         out += table(["issue", "backend", "case", "check", "reason", "re-run"],
                      [[k["issue"], k["backend"], code(k["case"]), k["check"], k["reason"], code(k["repro"])]
                       for k in summary["known"][:100]])
+        out.append("")
+    if summary.get("adapter_notes"):
+        out += ["## Adapter notes (what an adapter changed on the way in)", ""]
+        out += table(["backend", "op", "note", "cases"],
+                     [[n["backend"], n["op"], n["note"], n["cases"]] for n in summary["adapter_notes"][:100]])
         out.append("")
     if summary.get("envelope_disagreements"):
         out += ["## Envelope disagreements", ""]
@@ -135,8 +140,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
             m = f["metrics"]
             bits = []
             if "rel_rms" in m:
-                bits.append(f"rel RMS {fmt_err(m['rel_rms'])}"
-                            + (f" (limit {fmt_err(m['threshold'])})" if "threshold" in m else ""))
+                bits.append(f"rel RMS {fmt_err(m['rel_rms'])}" + limit_text(m))
             if "headroom" in m:
                 bits.append(f"headroom {fmt_headroom(m['headroom'])}")
             if "max_abs" in m:

@@ -50,7 +50,7 @@ def merge_runs(inputs: list[str | Path], out: str | Path, *, allow_mixed_env: bo
     """Write the merge of ``inputs`` (in order; later wins) into the new directory ``out``."""
     if len(inputs) < 2:
         raise RunInputError("merge needs at least two run directories")
-    runs = [load_run(p, warn=False) for p in inputs]
+    runs = [load_run(p) for p in inputs]  # unreadable lines are warned about and skipped, as report does
     for run in runs:
         if not run.header:
             raise RunInputError(f"{run.results_file} has no run header: cannot tell which environment it ran in")

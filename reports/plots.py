@@ -154,9 +154,14 @@ def plot_worst_token_curve(run: Run) -> Plot:
     xs = [p[0] for p in points]
     ys = [max(p[1], ERROR_FLOOR) if math.isfinite(p[1]) else math.nan for p in points]
     ax.plot(xs, ys, lw=1.2, marker="." if len(points) < 60 else None, label="relative error at token")
+    # The limit the check was judged against (min(threshold, c x baseline), or a reduction's conditioned limit);
+    # the absolute threshold only where the result carries no limit (a results file from before it was recorded).
+    limit = finite(r["metrics"].get("limit"))
     threshold = finite(r["metrics"].get("threshold"))
-    if threshold:
-        ax.axhline(threshold, color="gray", ls="--", lw=1, label=f"tolerance {threshold:.1e}")
+    line, line_label = (limit, f"judged limit {limit:.1e}") if limit else \
+        (threshold, f"threshold {threshold:.1e}") if threshold else (None, "")
+    if line:
+        ax.axhline(line, color="gray", ls="--", lw=1, label=line_label)
     first_bad = number(r["metrics"].get("first_bad_token"))
     if first_bad is not None and math.isfinite(first_bad):
         ax.axvline(first_bad, color="red", ls=":", lw=1.5, label=f"first bad token {int(first_bad)}")
@@ -165,7 +170,7 @@ def plot_worst_token_curve(run: Run) -> Plot:
         ax.axvline(nonfinite[0], color="purple", ls="-.", lw=1.5, label=f"first NaN/Inf at token {int(nonfinite[0])}")
         # Non-finite points have no height: mark them along the top, so an all-NaN output still shows where.
         finite_ys = [y for y in ys if math.isfinite(y)]
-        top = max(finite_ys + [threshold or ERROR_FLOOR]) * 4
+        top = max(finite_ys + [line or ERROR_FLOOR]) * 4
         ax.scatter(nonfinite, [top] * len(nonfinite), marker="x", color="purple", s=12,
                    label=f"NaN/Inf at {len(nonfinite)} of {len(xs)} plotted tokens")
         ax.set_xlim(min(xs) - 0.5, max(xs) + 0.5)
@@ -176,12 +181,14 @@ def plot_worst_token_curve(run: Run) -> Plot:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     caption = (f"{r['backend']} · {r['check']} · {r['status']}, headroom {fmt_headroom(r['metrics'].get('headroom'))}: "
-               f"where along the sequence the divergence starts.")
+               f"where along the sequence the divergence starts."
+               + (f" Dashed: the {line_label}" + (f" (threshold {threshold:.1e})" if limit and threshold else "") + "."
+                  if line else ""))
     return Plot(title, _png(fig), caption)
 
 
 def plot_headroom_histogram(run: Run) -> Plot:
-    title = "Headroom (error / tolerance) histogram"
+    title = "Headroom (error / limit) histogram"
     values = [number(r["metrics"].get("headroom")) for r in run.results]
     values = [v for v in values if v is not None]
     shown = [max(v, 1e-6) for v in values if math.isfinite(v)]
@@ -197,10 +204,10 @@ def plot_headroom_histogram(run: Run) -> Plot:
     under = [v for v in shown if v <= 1.0]
     over = [v for v in shown if v > 1.0]
     ax.hist([under, over], bins=edges, stacked=True, color=["tab:green", "tab:red"],
-            label=["within tolerance", "over tolerance"])
+            label=["within the limit", "over the limit"])
     ax.axvline(1.0, color="black", ls="--", lw=1)
     ax.set_xscale("log")
-    ax.set_xlabel("headroom = error / tolerance (1 = at the limit)")
+    ax.set_xlabel("headroom = error / judged limit (1 = at the limit)")
     ax.set_ylabel("results")
     ax.legend(fontsize=7)
     caption = f"{len(shown)} results" + (f"; {hidden} with NaN/Inf headroom not shown" if hidden else "") + "."
@@ -309,7 +316,7 @@ def make_plots(run: Run) -> list[Plot]:
     for fn, title in ((plot_error_vs_length, "Relative RMS error vs sequence length"),
                       (plot_error_vs_gate, "Relative RMS error vs gate profile"),
                       (plot_worst_token_curve, "Error across tokens, worst case"),
-                      (plot_headroom_histogram, "Headroom (error / tolerance) histogram")):
+                      (plot_headroom_histogram, "Headroom (error / limit) histogram")):
         try:
             plots.append(fn(run))
         except Exception as exc:  # noqa: BLE001 -- a plotting bug must not cost the person the rest of the report

@@ -65,9 +65,26 @@ def required_failures(run: Run) -> tuple[list[str], bool]:
     return lines, True
 
 
+def backend_label(pair: dict[str, Any]) -> str:
+    """The spec a run was given, and the backend's own ``name`` beside it where the two differ."""
+    name = pair.get("backend_name")
+    return f"{pair['backend']} ({name})" if name and name != pair["backend"] else str(pair["backend"])
+
+
+def limit_text(m: dict[str, Any]) -> str:
+    """`` (limit L, threshold T)``: the limit the check was judged against, then the absolute threshold, labelled
+    as such (the limit is min(threshold, c x baseline), so the two differ whenever a baseline tightened it)."""
+    parts = []
+    if m.get("limit") is not None:
+        parts.append(f"limit {fmt_err(m['limit'])}")
+    if m.get("threshold") is not None:
+        parts.append(f"threshold {fmt_err(m['threshold'])}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def _metrics_brief(result: dict[str, Any]) -> dict[str, Any]:
     m = result["metrics"]
-    return {k: m.get(k) for k in ("rel_rms", "max_abs", "headroom", "threshold", "first_bad_token",
+    return {k: m.get(k) for k in ("rel_rms", "max_abs", "headroom", "limit", "threshold", "first_bad_token",
                                   "worst_head", "worst_seq", "nan", "inf") if m.get(k) is not None}
 
 
@@ -186,8 +203,19 @@ def summarize(run: Run) -> dict[str, Any]:
         "reason": r["reason"], "metrics": _metrics_brief(r), "repro": repro_command(r),
     } for r in problems]
 
+    names = {str(g.get("backend")): str(g["name"]) for g in run.gates if g.get("name")}
+    adapter_notes: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in results:
+        for n in r["metrics"].get("adapter_notes") or [] if r["check"] == "forward" else []:
+            entry = adapter_notes.setdefault((r["backend"], r["op"], str(n)), {
+                "backend": r["backend"], "op": r["op"], "note": str(n), "cases": 0})
+            entry["cases"] += 1
+    pairs = pair_table(results)
+    for p in pairs:
+        p["backend_name"] = names.get(p["backend"])
+
     gates = [{
-        "backend": g.get("backend"), "op": g.get("op"), "runnable": bool(g.get("runnable")),
+        "backend": g.get("backend"), "name": g.get("name"), "op": g.get("op"), "runnable": bool(g.get("runnable")),
         "required": bool(g.get("required")), "reason": g.get("reason") or "",
         "notes": [str(n) for n in g.get("notes") or []],
     } for g in run.gates]
@@ -228,7 +256,8 @@ def summarize(run: Run) -> dict[str, Any]:
         "worst_headroom": ({"headroom": worst[0], "case": worst[1], "backend": worst[2], "check": worst[3]}
                            if worst else None),
         "gates": gates,
-        "pairs": pair_table(results),
+        "pairs": pairs,
+        "adapter_notes": [adapter_notes[k] for k in sorted(adapter_notes)],
         "groups": group_list,
         "skip_reasons": skip_list,
         "failures": failures,

@@ -6,6 +6,9 @@ import os
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
+# The one limit a test puts on a child process or a wait: a hang guard only, far above what any of them needs even
+# on a loaded 2-core machine (a whole test file's worth of work), so that no assertion depends on the machine's speed.
+HANG_GUARD_S = 1800
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]), "CI": "1"}
 for _var in ("NVTE_GDN2_TEST_REQUIRED", "NVTE_GDN_TEST_REQUIRED", "DELTACHECK_REQUIRE", "DELTACHECK_PYTEST_RUN_DIR"):
     ENV.pop(_var, None)

@@ -94,6 +94,9 @@ class _DieInBackward(torch.autograd.Function):
         os._exit(139)
 
 
+HANG_MARKER_ENV = "DELTACHECK_TEST_HANG_MARKER"
+
+
 class Hanging(Working):
     """A kernel that never returns on kda (a hung launch): the run can only end by being stopped."""
 
@@ -101,8 +104,12 @@ class Hanging(Working):
 
     def run(self, case, inputs):
         if case.op == "kda":
+            import os
             import time
 
+            marker = os.environ.get(HANG_MARKER_ENV)
+            if marker:  # tell a test's watchdog that the hang has begun (tests/test_runner.py)
+                open(marker, "w").close()
             time.sleep(600)
         return super().run(case, inputs)
 
@@ -368,3 +375,21 @@ class TinyState(Working):
     def run(self, case, inputs):
         out, state = super().run(case, inputs)
         return out, torch.full_like(state, 1e-46 * case.total_tokens)
+
+
+class ReportsThreads(Working):
+    """Declines every case, saying how many torch threads the process that judged it uses (tests/test_runner.py)."""
+
+    name = "reports-threads"
+
+    def check(self, case, env):
+        return Verdict.no(f"torch threads in this process: {torch.get_num_threads()}")
+
+
+class Noting(Working):
+    """Runs as the oracle, noting a conversion in its verdict as the docs ask adapters to (tests/test_reports.py)."""
+
+    name = "noting-kernel"
+
+    def check(self, case, env):
+        return Verdict.ok("beta cast fp32 -> bf16, as the op demands (fake)")

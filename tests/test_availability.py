@@ -20,6 +20,7 @@ import types
 from dataclasses import replace
 
 import pytest
+from child_env import HANG_GUARD_S
 
 from deltacheck.harness import cli
 from deltacheck.harness import environment as gate
@@ -701,7 +702,7 @@ def test_cli_env_malformed_required_exits_2(clean_required, capsys):
 
 def test_cli_env_subprocess(clean_required):
     res = subprocess.run([sys.executable, "-m", "deltacheck.harness.cli", "env", "--json"],
-                         capture_output=True, text=True, timeout=300, check=False)
+                         capture_output=True, text=True, timeout=HANG_GUARD_S, check=False)
     assert res.returncode == 0, res.stderr
     assert "pairs" in json.loads(res.stdout)
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from child_env import HANG_GUARD_S
 import torch
 
 from deltacheck.cases import Case, make_inputs, make_weights, tensor_digest
@@ -48,7 +49,7 @@ def test_same_id_gives_identical_tensors_in_another_process():
         "print(json.dumps({'digests': digests(ids), 'l0': [c.id for c in tier_cases('L0')]}))\n"
     )
     child = subprocess.run([sys.executable, "-c", child_code], input=json.dumps(ids), capture_output=True,
-                           text=True, check=True, timeout=120)
+                           text=True, check=True, timeout=HANG_GUARD_S)
     theirs = json.loads(child.stdout)
     ours = namespace["digests"](ids)
     # Different streams, different tensors (ids that differ only in layout etc. share a stream).

@@ -11,6 +11,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from child_env import HANG_GUARD_S
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -325,7 +326,7 @@ def test_a_broken_core_is_caught(monkeypatch):
 def test_bench_quick_runs():
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "chunked.py"), "--quick", "--device", "cpu"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=HANG_GUARD_S,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for row in ("chunked fp64 fwd", "chunked fp64 fwd+bwd", "previous fp64 fwd+bwd", "oracle fp64 fwd"):
@@ -340,7 +341,7 @@ def test_gpu_size_memory_and_launches(tmp_path):
     out = tmp_path / "count.json"
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "chunked.py"), "--count", "--no-previous", "--json", str(out)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=HANG_GUARD_S,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     counts = json.loads(out.read_text())["counts"]

@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from child_env import ENV, TESTS
+from child_env import ENV, HANG_GUARD_S, TESTS
 
 from deltacheck.cases import Case
 from deltacheck.harness.environment import Env
@@ -64,6 +64,45 @@ def test_a_malformed_file_is_refused_with_the_reason(tmp_path, text, named):
     with pytest.raises(KnownIssuesError, match="known issues file|issue #") as info:
         load_known_issues([path])
     assert named in str(info.value) and str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("text,named", [
+    (GOOD.replace('op = "kda"', 'op = "gdn9"'), "op = 'gdn9' is not an op; ops are gdn, kda"),
+    (GOOD + 'checks = ["fwd"]\n', "checks: 'fwd' not a check name; checks are forward, state"),
+    (GOOD + 'checks = ["forward", "grad_x"]\n', "checks: 'grad_x' not a check name"),
+])
+def test_an_entry_that_could_never_match_is_refused_naming_the_valid_values(tmp_path, text, named):
+    path = write(tmp_path, text)
+    with pytest.raises(KnownIssuesError) as info:
+        load_known_issues([path])
+    assert named in str(info.value) and f"{path} issue #1" in str(info.value)
+
+
+def test_an_unknown_backend_is_refused_where_the_runs_backends_are_known(tmp_path):
+    path = write(tmp_path, GOOD.replace('backend = "cudnn"', 'backend = "cudnnn"'))
+    with pytest.raises(KnownIssuesError) as info:
+        load_known_issues([path], backends=["cudnn"])
+    assert "backend = 'cudnnn' is not a backend; backends are" in str(info.value)
+    assert "oracle" in str(info.value) and "pkg.mod:attr" in str(info.value) and "issue #1" in str(info.value)
+    # a registered name, a backend name of the run, a pkg.mod:attr spec (accepted as is): all fine
+    for backend, names in (("fla", ["cudnn"]), ("nan-on-one", ["fake_backends:NaNOnOneCase", "nan-on-one"]),
+                           ("mypkg.mod:Mine", [])):
+        ok = write(tmp_path, GOOD.replace('backend = "cudnn"', f'backend = "{backend}"'))
+        assert load_known_issues([ok], backends=names)[0].backend == backend
+    # every check name a case can owe is accepted
+    from deltacheck.harness.known import CHECK_NAMES
+    from deltacheck.harness.task import checks_for
+    from deltacheck.harness.tiers import select
+    owed = {c for case in select(tier="L0") for c in checks_for(case)}
+    assert owed <= set(CHECK_NAMES), owed - set(CHECK_NAMES)
+
+
+def test_an_unknown_backend_in_an_entry_is_a_usage_error_in_both(tmp_path, run_cli):
+    known = write(tmp_path, ENTRY.format(where=BAD, extra="").replace('"nan-on-one"', '"nan-on-two"'))
+    cli_rc, cli_text = cli_outcome(run_cli, tmp_path, known)
+    py_rc, py_text = pytest_outcome(known)
+    assert cli_rc == 2 and "backend = 'nan-on-two' is not a backend" in cli_text and "Traceback" not in cli_text
+    assert py_rc != 0 and "backend = 'nan-on-two' is not a backend" in py_text
 
 
 def test_a_missing_file_is_refused_by_name(tmp_path):
@@ -173,7 +212,7 @@ def pytest_outcome(known: Path):
             "--dc-backend", "fake_backends:NaNOnOneCase", "--dc-limit", "3", "--dc-k", SELECTION,
             "--dc-reference", "oracle", "--dc-no-baseline"]
     proc = subprocess.run(argv, env=dict(ENV, DELTACHECK_KNOWN_ISSUES=str(known)), capture_output=True, text=True,
-                          timeout=300, cwd=TESTS.parent)
+                          timeout=HANG_GUARD_S, cwd=TESTS.parent)
     return proc.returncode, proc.stdout + proc.stderr
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from child_env import ENV, TESTS
+from child_env import ENV, HANG_GUARD_S, TESTS
 
 from deltacheck.harness.cli import main as cli_main
 from deltacheck.harness.tiers import select
@@ -304,7 +304,7 @@ def test_nanobind_leak_warnings_at_a_run_workers_exit_stay_out_of_the_terminal(t
     argv = [sys.executable, "-m", "deltacheck", "run", "--backend", "fake_backends:LeaksAtExit", "--case", CASE_A,
             "--case", CASE_B, "--out", str(tmp_path), "--reference", "oracle", "--no-baseline", "-j", "2"]
     proc = subprocess.run(argv, env=dict(ENV, DELTACHECK_FAKE_LEAKS="1"), capture_output=True, text=True,
-                          timeout=300)
+                          timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not [line for line in LEAK_REPORT if line in proc.stderr], proc.stderr
     # each worker printed the other lines once at its exit; every one reaches the terminal
@@ -328,7 +328,7 @@ def test_nanobind_leak_warnings_at_a_pytest_workers_exit_stay_out_of_the_termina
     """))
     (tmp_path / "test_fake.py").write_text("def test_one():\n    pass\n\ndef test_two():\n    pass\n")
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", str(tmp_path)]
-    proc = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=HANG_GUARD_S, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not [line for line in LEAK_REPORT if line in proc.stdout + proc.stderr], proc.stderr
     # the controller and both workers print the other lines; each reaches the terminal

@@ -52,3 +52,30 @@ def test_clean_reference_backends_pass_everything(runner, name):
 
 def test_catalogue_is_complete():
     assert len({m.name for m in MUTANTS}) == len(MUTANTS) >= 15
+
+
+# The commonest adapter bugs are named in the failure reason, not only caught (harness/compare.kind_of_wrong).
+NAMED = {
+    "state_transposed": ("state", "the final state matches the reference's transpose"),
+    "scale_missing": ("forward", "the output matches the reference with the scale dropped"),
+    "scale_twice": ("forward", "the output matches the reference with the scale applied twice"),
+    "initial_state_ignored": ("forward", "the output matches the reference run without the initial state"),
+}
+
+
+@pytest.mark.parametrize("name", list(NAMED))
+def test_the_kind_of_wrong_is_named_where_it_is_cheap(runner, name):
+    mutant = next(m for m in MUTANTS if m.name == name)
+    check, words = NAMED[name]
+    # the transpose on a square state (K = V) and on a transposed shape (K != V); the rest on the gdn2 case
+    for case in CASES[:2] if name == "state_transposed" else CASES[:1]:
+        results = {r.check: r for r in runner.run(case, mutant, f"mutant:{name}", Verdict.ok())}
+        assert results[check].status == "fail" and words in results[check].reason, (case.id, results[check].reason)
+        if name == "initial_state_ignored":
+            assert "the final state matches the reference run without the initial state" in results["state"].reason
+
+
+def test_other_bugs_are_not_misnamed(runner):
+    others = [r.reason for m in MUTANTS if m.name in ("decay_after_erase", "w_ignored", "heads_tiled")
+              for r in runner.run(CASES[0], m, f"mutant:{m.name}", Verdict.ok()) if r.status == "fail"]
+    assert others and not any(w in reason for reason in others for _, w in NAMED.values()), others

@@ -363,6 +363,33 @@ def test_nonfinite_inputs_are_refused_naming_the_argument_unless_allowed(op, nam
     assert not torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("op", ["gdn", "kda", "gdn2", "gdp"])
+@pytest.mark.parametrize("alpha", [-0.25, 1.5])
+def test_a_linear_gate_outside_0_1_is_refused_not_computed_to_nan(op, alpha):
+    x = make("gdn" if op == "gdp" else op, T=5, H=2, K=4, V=3, seed=3)
+    extra = {"num_householder": 1} if op == "gdp" else {}
+    x["g"] = torch.rand_like(x["g"]) * 0.5 + 0.25
+    call(op, x, gate_domain="linear", **extra)  # alphas in [0, 1]: computed
+    x["g"].view(-1)[1] = alpha
+    with pytest.raises(ReferenceInputError, match=r"^g: gate_domain='linear' takes the decay alpha in \[0, 1\], "
+                                                  r"but 1 values are outside it"):
+        call(op, x, gate_domain="linear", **extra)
+    x["g"].view(-1)[1] = 0.0  # a fully decayed alpha (log(0 + 1e-10), as cuDNN takes it) is in range
+    assert torch.isfinite(call(op, x, gate_domain="linear", **extra)[0]).all()
+
+
+@pytest.mark.parametrize("op", ["gdn", "kda", "gdn2", "gdp"])
+@pytest.mark.parametrize("name", ["k", "beta", "initial_state"])
+def test_inputs_on_different_devices_are_refused_naming_the_argument(op, name):
+    x = make("gdn" if op == "gdp" else op, T=5, H=2, K=4, V=3, seed=3)
+    extra = {"num_householder": 1} if op == "gdp" else {}
+    x["initial_state"] = torch.randn(1, 2, 3, 4, dtype=F64)
+    x[name] = x[name].to("meta")  # another device on a CPU-only machine
+    h0 = x.pop("initial_state")
+    with pytest.raises(ReferenceInputError, match=rf"^{name}: on device meta, q on cpu; every input tensor must be"):
+        call(op, x, initial_state=h0, **extra)
+
+
 def test_the_finite_check_reads_a_views_own_elements_only():
     # The harness hands backends views into buffers whose margins hold NaN (runner.guarded): those are fine.
     x = make("kda", T=5, H=2, K=4, V=3, seed=4)

@@ -113,7 +113,7 @@ def test_html_is_self_contained_with_four_embedded_plots(rendered):
     html = (rendered / "report.html").read_text()
     assert html.count(IMG) == 4
     for title in ("error vs sequence length", "error vs gate profile", "Error across tokens, worst case",
-                  "Headroom (error / tolerance) histogram"):
+                  "Headroom (error / limit) histogram"):
         assert title in html
     first = html.split(IMG, 1)[1].split('"', 1)[0]
     assert base64.b64decode(first)[:8] == b"\x89PNG\r\n\x1a\n"
@@ -218,3 +218,51 @@ def test_provenance_is_absent_outside_git_and_tracks_commit_and_dirt_inside(tmp_
     assert re.fullmatch(r"[0-9a-f]{40}", clean["commit"]) and clean["dirty"] is False
     (tmp_path / "f.txt").write_text("2")
     assert provenance(tmp_path) == {"commit": clean["commit"], "dirty": True}
+
+
+def test_every_report_names_the_judged_limit_and_labels_the_threshold(tmp_path):
+    """A check judged against a baseline-tightened limit (9.5e-03, under the 2.0e-02 threshold): the limit is what
+    every report calls "limit" and what the token-curve plot draws; the threshold is labelled as the threshold."""
+    run_dir = fixture_run(tmp_path, "fe-1.31.0")
+    lines = (run_dir / "results.jsonl").read_text().splitlines(keepends=True)
+    for n, line in enumerate(lines):
+        if '"status": "fail"' in line:
+            rec = json.loads(line)
+            rec["metrics"].update(limit=0.0095, baseline=0.00475, headroom=0.037 / 0.0095)
+            lines[n] = json.dumps(rec) + "\n"
+    (run_dir / "results.jsonl").write_text("".join(lines))
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        cli("report", str(run_dir))
+    md = (run_dir / "summary.md").read_text()
+    assert "rel RMS 3.70e-02 (limit 9.50e-03, threshold 2.00e-02)" in md, md
+    assert "(limit 2.00e-02)" not in md
+    html = (run_dir / "report.html").read_text()
+    assert "<th>judged limit</th>" in html.replace(' class="num"', "") and "9.50e-03" in html
+    junit = ET.parse(run_dir / "junit.xml").getroot()
+    failure = next(f for f in junit.iter("failure") if "rel_rms" in (f.text or ""))
+    assert "limit: 9.50e-03" in failure.text and "threshold: 2.00e-02" in failure.text
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["failures"][0]["metrics"]["limit"] == 0.0095
+    pytest.importorskip("matplotlib", reason="the plots need the [report] extra (matplotlib)")
+    from deltacheck.reports.plots import plot_worst_token_curve
+
+    plot = plot_worst_token_curve(load_run(run_dir))
+    assert "Dashed: the judged limit 9.5e-03 (threshold 2.0e-02)." in plot.caption, plot.caption
+
+
+def test_an_adapters_notes_and_its_backends_name_reach_the_reports(tmp_path, run_cli):
+    case = "gdn-bf16-thd-N1-T[20]-H2/2/2-K64-V64-steep"
+    rc, text = run_cli(["run", "--backend", "fake_backends:Noting", "--case", case, "--in-process", "--out",
+                        str(tmp_path), "--reference", "oracle", "--no-baseline", "--report"])
+    assert rc == 0, text
+    (run_dir,) = tmp_path.iterdir()
+    forward = next(json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()
+                   if '"check": "forward"' in line)
+    assert forward["metrics"]["adapter_notes"] == ["beta cast fp32 -> bf16, as the op demands (fake)"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["adapter_notes"] == [{"backend": "fake_backends:Noting", "op": "gdn",
+                                         "note": "beta cast fp32 -> bf16, as the op demands (fake)", "cases": 1}]
+    md = (run_dir / "summary.md").read_text()
+    assert "fake_backends:Noting (noting-kernel)" in md and "beta cast fp32 -> bf16, as the op demands (fake)" in md
+    html = (run_dir / "report.html").read_text()
+    assert "fake_backends:Noting (noting-kernel)" in html and "beta cast fp32 -&gt; bf16" in html

@@ -108,3 +108,27 @@ def test_the_backend_by_op_table_counts_cases_by_how_they_ended(tmp_path):
     html = (tmp_path / "run" / "report.html").read_text()
     pair_table = html[html.index("<h2>By backend × op</h2>"):html.index("<h2>Results by")]
     assert f"<code>{B}</code> (grad_q)" in pair_table and "object at 0x" not in pair_table
+
+
+def test_merge_warns_about_the_unreadable_lines_it_skips_as_report_does(tmp_path, capsys):
+    first = write_run(tmp_path / "first", [result("pass", 1e-3, case=A)], "1.32.0")
+    second = write_run(tmp_path / "second", [result("pass", 1e-3, case=B)], "1.32.0")
+    lines = (second / "results.jsonl").read_text().splitlines(keepends=True)
+    lines.insert(2, '{"kind": "result", "case": "torn\n')
+    (second / "results.jsonl").write_text("".join(lines))
+    capsys.readouterr()
+    assert cli_main(["merge", str(first), str(second), "--out", str(tmp_path / "m")]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {second / 'results.jsonl'} line 3: " in err and "skipped" in err, err
+
+
+def test_report_on_a_header_less_run_says_what_it_skipped_never_an_empty_list(tmp_path, capsys):
+    run = write_run(tmp_path / "run", [result("pass", 1e-3, case=A)], "1.32.0")
+    lines = (run / "results.jsonl").read_text().splitlines(keepends=True)
+    (run / "results.jsonl").write_text("".join(line for line in lines if '"kind": "run"' not in line))
+    capsys.readouterr()
+    assert cli_main(["report", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "skipped: \n" not in out and not out.rstrip().endswith("skipped:"), out
+    assert "unusable line" not in out, out
+    assert "note: no run header: environment, versions and commit are unknown" in out, out

@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from child_env import ENV, TESTS
+from child_env import ENV, HANG_GUARD_S, TESTS
 
 from deltacheck.harness.cli import main as cli_main
+from deltacheck.harness.pool import _Watchdog as _REAL_WATCHDOG
 from deltacheck.harness.execute import execute
 from deltacheck.harness.runner import RunOptions
 from deltacheck.harness.tiers import select
@@ -131,7 +132,7 @@ def pytest_outcome(spec, k, require, limit=2):
             "--dc-backend", spec, "--dc-limit", str(limit), "--dc-reference", "oracle", "--dc-no-baseline"]
     if k:
         argv += ["--dc-k", k]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=TESTS.parent)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S, cwd=TESTS.parent)
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -193,7 +194,7 @@ def test_pytest_runs_write_a_run_directory_that_reports_read(tmp_path):
     argv = [sys.executable, "-m", "pytest", str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider",
             "--dc-backend", "fake_backends:Working", "--dc-limit", "3", "--dc-reference", "oracle",
             "--dc-no-baseline", "--dc-k", "K64-V64", "--dc-out", str(tmp_path), "-n", "2"]
-    proc = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=300, cwd=TESTS.parent)
+    proc = subprocess.run(argv, env=ENV, capture_output=True, text=True, timeout=HANG_GUARD_S, cwd=TESTS.parent)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = list(tmp_path.iterdir())
     recs = records(run_dir)
@@ -372,20 +373,20 @@ def test_sigterm_ends_a_parallel_run_keeping_every_judged_check_and_no_worker(tm
     proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_GUARD_S  # a hang guard only
         while time.monotonic() < deadline:  # until the two tasks that do not hang have finished
             parts = "".join(p.read_text() for p in tmp_path.glob("*/results.w*.jsonl"))
             if parts.count('"check": "determinism"') >= 2:
                 break
             time.sleep(0.2)
         else:
-            pytest.fail("the non-hanging tasks did not finish within 120 s")
+            pytest.fail(f"the non-hanging tasks did not finish within {HANG_GUARD_S} s")
         workers = _children(proc.pid)
         if target == "controller":
             proc.send_signal(signal.SIGTERM)
         else:
             os.killpg(proc.pid, signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=HANG_GUARD_S)
     finally:
         proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM, err
@@ -494,24 +495,79 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, capsys, problem):
         assert "torch 1.0.0" in err and "deltacheck compare" in err
 
 
+def test_the_task_watchdog_kills_a_worker_that_outlives_its_seconds_and_not_one_that_answers():
+    from deltacheck.harness.pool import _Watchdog
+
+    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        dog = _Watchdog(hung, 0.5)
+        dog.arm()
+        assert hung.wait(timeout=HANG_GUARD_S) == -9 and dog.fired  # a process that never ends on its own
+    finally:
+        hung.kill()
+    quick = subprocess.Popen([sys.executable, "-c", "pass"])
+    dog = _Watchdog(quick, 0.5)
+    dog.arm()
+    quick.wait(timeout=HANG_GUARD_S)
+    dog.disarm()  # the answer came: the timer is gone and can no longer fire
+    assert dog._timer is None and not dog.fired
+
+
+class _FiresOnTheHang:
+    """A task watchdog that fires when the hung task says it has begun hanging, never on a task that is merely
+    slow: what the kill / record / go-on path does is then independent of how fast this machine runs the others
+    (the timer itself is tested above)."""
+
+    def __init__(self, proc, seconds):
+        self._dog, self._stop = _REAL_WATCHDOG(proc, seconds), None
+
+    @property
+    def fired(self):
+        return self._dog.fired
+
+    def arm(self):
+        import threading
+
+        self.disarm()
+        stop = self._stop = threading.Event()
+
+        def watch():
+            while not stop.wait(0.05):
+                if os.path.exists(os.environ[MARKER]):
+                    os.remove(os.environ[MARKER])
+                    self._dog._fire()
+                    return
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    def disarm(self):
+        if self._stop is not None:
+            self._stop.set()
+
+
+MARKER = "DELTACHECK_TEST_HANG_MARKER"
+
+
 def test_a_task_over_the_timeout_is_killed_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
-    import time
+    from deltacheck.harness import pool
 
     monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
+    monkeypatch.setenv(MARKER, str(tmp_path / "hanging"))
+    monkeypatch.setattr(pool, "_Watchdog", _FiresOnTheHang)
     sys.path.insert(0, str(TESTS))
-    t0 = time.monotonic()
-    try:
+    try:  # the hung kda task sleeps 600 s: the hang guard, should the watchdog never fire
         status, run_dir = execute([__import__("deltacheck.cases", fromlist=["Case"]).Case.from_id(c) for c in CASE_IDS],
-                                  ["fake_backends:Hanging"], tmp_path, RunOptions(reference="oracle"),
+                                  ["fake_backends:Hanging"], tmp_path / "runs", RunOptions(reference="oracle"),
                                   environ={}, stream=io.StringIO(), task_timeout=20)
     finally:
         sys.path.remove(str(TESTS))
-    assert time.monotonic() - t0 < 120, "the hung kda task (600 s sleep) must be cut at the timeout"
     results = [r for r in records(run_dir) if r["kind"] == "result"]
     assert status == 1
     hung = [r for r in results if r["op"] == "kda"]
     assert hung and all(r["status"] == "error" and "timed out" in r["reason"] for r in hung)
+    assert "--task-timeout 20 s" in hung[0]["reason"]
     assert {r["op"] for r in results if r["status"] == "pass"} == {"gdn", "gdn2"}
+    assert {r["status"] for r in results if r["op"] != "kda"} == {"pass"}
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "soon"])
@@ -552,3 +608,42 @@ def test_continuation_self_applies_the_negligible_rule_to_a_decayed_state(tmp_pa
         sys.path.remove(str(TESTS))
     r = results["continuation_self"]
     assert r.metrics["state_rel_rms_vs_self"] > 0.5 and r.status == "pass", r.reason
+
+
+# --- torch threads: each process's share of the cores, an explicit setting respected, the header saying it -------
+
+
+def test_each_process_gets_its_share_of_the_free_cores_unless_told():
+    from deltacheck.harness.pool import torch_threads
+
+    assert torch_threads(1, environ={}, cores=8, load=0.0)[0] == 8
+    assert torch_threads(4, environ={}, cores=8, load=0.0)[0] == 2
+    assert torch_threads(1, environ={}, cores=2, load=5.3)[0] == 1  # a busy shared machine: one thread, not two
+    assert torch_threads(3, environ={}, cores=2, load=0.0)[0] == 1
+    assert torch_threads(4, environ={"OMP_NUM_THREADS": "3"}, cores=8, load=0.0) == (3, "OMP_NUM_THREADS")
+    assert torch_threads(4, 5, environ={"OMP_NUM_THREADS": "3"}, cores=8, load=0.0) == (5, "--threads")
+    assert torch_threads(1, environ={"OMP_NUM_THREADS": "many"}, cores=2, load=0.0)[0] == 2
+
+
+@pytest.mark.parametrize("where", ["worker", "in-process"])
+def test_threads_reach_the_process_that_runs_the_tasks_and_the_header(where, tmp_path, run_cli):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        rc, text = run_cli(["run", "--backend", "fake_backends:ReportsThreads", "--case", CASE_IDS[0], "--threads", "1",
+                            "--out", str(tmp_path), "--reference", "oracle", "--no-baseline",
+                            *(["--in-process"] if where == "in-process" else [])],
+                           env={"OMP_NUM_THREADS": "2", "PYTHONPATH": ENV["PYTHONPATH"]})
+    finally:
+        torch.set_num_threads(before)
+    (run_dir,) = tmp_path.iterdir()
+    recs = records(run_dir)
+    assert recs[0]["options"]["threads"] == 1, recs[0]
+    skips = {r["reason"] for r in recs if r["kind"] == "result"}
+    assert skips == {"torch threads in this process: 1"}, (skips, text)
+
+
+def test_env_says_how_many_torch_threads_a_run_would_use(run_cli):
+    rc, text = run_cli(["env"], env={"OMP_NUM_THREADS": "1"})
+    assert "torch threads: 1 per process for a one-process run (OMP_NUM_THREADS)" in text, text

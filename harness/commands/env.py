@@ -57,8 +57,12 @@ def env_report(env: Env, environ: Mapping[str, str] | None = None, *, imports: b
         for (b, o), src in sorted(spec.items())
         if not verdicts[(b, o)].runnable
     ]
+    from deltacheck.harness.pool import torch_threads
+
+    threads, how = torch_threads(1, environ=environ)
     return {
         "env": env.to_dict(),
+        "threads": {"per_process": threads, "how": how},
         "pairs": {f"{b}:{o}": asdict(v) | {"notes": list(v.notes)} for (b, o), v in verdicts.items()},
         "required": {f"{b}:{o}": src for (b, o), src in sorted(spec.items())},
         "required_error": spec_error,
@@ -102,6 +106,10 @@ def format_env(report: dict) -> str:
             lines.append(f"  {name:<{width}}skip  {d['reason']}")
         for note in d["notes"]:
             lines.append(f"      note: {note}")
+    if "threads" in report:
+        t = report["threads"]
+        lines.append(f"torch threads: {t['per_process']} per process for a one-process run ({t['how']}); "
+                     "-j N divides the share")
     lines.append("")
     if report["required_error"]:
         lines.append(report["required_error"])

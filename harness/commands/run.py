@@ -19,7 +19,7 @@ from deltacheck.harness.availability import case_verdict, load_backend, pair_ava
 from deltacheck.harness.backends.base import Verdict, registered, unknown_backends_message
 from deltacheck.harness.environment import device_problem, probe_env
 from deltacheck.harness.execute import RunWriteError, execute
-from deltacheck.harness.known import KnownIssuesError, known_issue_paths, load_known_issues
+from deltacheck.harness.known import KnownIssuesError, known_issue_paths, load_known_issues, run_backend_names
 from deltacheck.harness.required import (
     RequireSpecError,
     format_required_report,
@@ -151,14 +151,19 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                         "one compile family (backend, op, dtype, head dims) while it has tasks, so a JIT kernel "
                         "is built in few processes; with several GPUs visible, worker k uses GPU k mod count. "
                         "Speeds up first-compile-bound fused runs")
+    p.add_argument("--threads", type=_positive_int, default=None, metavar="N",
+                   help="torch threads in each process that runs tasks (each worker, or this one with "
+                        "--in-process). Default: $OMP_NUM_THREADS if set, else each process's share of the cores "
+                        "not already busy (`deltacheck env` shows it); the run header records it (options.threads)")
 
 
 def _options(args) -> RunOptions:
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    threads, _ = pool.torch_threads(1 if args.in_process else args.jobs, getattr(args, "threads", None))
     return RunOptions(device=device, reference=args.reference, baseline=not args.no_baseline,
-                      known_issues=tuple(known_issue_paths(args.known_issues)))
+                      known_issues=tuple(known_issue_paths(args.known_issues)), threads=threads)
 
 
 def cmd_run(args) -> int:
@@ -194,7 +199,7 @@ def cmd_run(args) -> int:
         print(f"deltacheck run: note: shard {args.shard} has no case of required "
               f"{', '.join(sorted(':'.join(p) for p in elsewhere))}: the other shards judge it", file=sys.stderr)
     try:
-        load_known_issues(known_issue_paths(args.known_issues))
+        load_known_issues(known_issue_paths(args.known_issues), backends=run_backend_names(specs))
     except KnownIssuesError as exc:
         print(f"deltacheck run: {exc}", file=sys.stderr)
         return 2
