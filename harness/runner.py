@@ -5,7 +5,8 @@ Checks: ``forward`` (output), ``state`` (final state), ``continuation_ref`` and 
 own single call), ``grad_<input>`` (weighted loss on output and final state, against fp64 autograd
 through the reference), ``determinism`` (two runs, bitwise). Inputs handed to a backend sit inside
 larger buffers whose margins hold NaN, so an out-of-bounds read poisons the output and fails
-``forward`` with a NaN count. Any NaN in an output fails its check; an adapter that allocates an
+``forward`` with a NaN count; an adapter that converts a layout or dtype makes its copy with the same
+margin (harness/margins.py ``with_margin``), so the margin survives in the layout the kernel reads. Any NaN in an output fails its check; an adapter that allocates an
 output itself should prefill it with NaN so an unwritten tail shows up the same way (today's cuDNN
 and FLA adapters do not allocate: the libraries do, with ``torch.empty``).
 """
@@ -25,7 +26,7 @@ import torch
 from deltacheck.cases import Case, make_inputs
 from deltacheck.reference import layouts
 
-from . import compare
+from . import compare, margins
 from .backends.base import Backend, Verdict
 from .expected import (
     F64,
@@ -187,7 +188,8 @@ class CaseRunner:
         time went is left in ``self.phases`` (seconds per phase, this task only)."""
         self.phases = {}
         results = _Emitting(sink, forward_metrics)
-        self._run(case, backend, backend_spec, verdict, base_results=results)
+        with margins.use(self.opts.margin):  # the adapters' converted inputs carry the same NaN margin
+            self._run(case, backend, backend_spec, verdict, base_results=results)
         return list(results)
 
     @contextlib.contextmanager
