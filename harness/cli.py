@@ -8,6 +8,7 @@ import importlib
 import sys
 
 from deltacheck import __version__
+from deltacheck.harness import leaks
 
 # Modules exposing ``add_cli(subparsers)``; each parser sets ``func(args) -> int`` (the exit status).
 # Listed in the order `--help` shows them: what to run first, then inspection, then reporting.
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    leaks.filter_at_exit()  # every command may import cuDNN (frontier, env, warmup, ...): its leak report at exit
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
