@@ -216,3 +216,47 @@ def localize(actual: torch.Tensor, ref: torch.Tensor, offsets: list[int], limit:
 
 def _finite_or_str(x: float):
     return x if math.isfinite(x) else str(x)
+
+
+# --- detection power: how small a bug the check still sees ----------------------------------------------------------
+
+DETECT_LO, DETECT_HI, DETECT_STEPS = 1e-7, 10.0, 40
+
+
+def detection_delta(actual: torch.Tensor, ref: torch.Tensor, fails, seed: int) -> float | None:
+    """The smallest relative perturbation ``delta`` of the kernel's own result that fails the check: ``actual``
+    plus seeded Gaussian noise scaled to ``delta`` times ``actual``'s RMS, judged by ``fails(rel_rms, max_abs)``
+    (the check's own rule), ``delta`` found by bisection in log space over [1e-7, 10] (no second kernel call).
+    0.0 when the result already fails; inf when even ``delta`` = 10 passes; None when there is nothing to perturb
+    (shapes differ, non-finite values, an empty or all-zero result)."""
+    a, r = actual.detach().to(F64), ref.detach().to(F64)
+    if a.shape != r.shape or a.numel() == 0 or not bool(torch.isfinite(a).all()):
+        return None
+    scale = a.pow(2).mean().sqrt().item()
+    if scale == 0:
+        return None
+    gen = torch.Generator(device=a.device).manual_seed(seed & 0x7FFF_FFFF_FFFF_FFFF)
+    noise = torch.randn(a.shape, generator=gen, dtype=F64, device=a.device)
+    noise *= scale / noise.pow(2).mean().sqrt().item()
+    err = a - r
+    den = r.pow(2).mean().sqrt().item()
+
+    def fails_at(delta: float) -> bool:
+        e = err + delta * noise
+        num = e.pow(2).mean().sqrt().item()
+        return bool(fails(num / den if den > 0 else num, float(e.abs().max())))
+
+    if fails_at(0.0):
+        return 0.0
+    if not fails_at(DETECT_HI):
+        return math.inf
+    lo, hi = math.log(DETECT_LO), math.log(DETECT_HI)
+    if fails_at(DETECT_LO):
+        return DETECT_LO
+    for _ in range(DETECT_STEPS):  # ~1.2% resolution in delta
+        mid = (lo + hi) / 2
+        if fails_at(math.exp(mid)):
+            hi = mid
+        else:
+            lo = mid
+    return math.exp(hi)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import math
 import time
 import traceback
@@ -266,6 +267,7 @@ class CaseRunner:
                                 at_least=reduction.get("conditioned_limit"))
         m.update({k: v for k, v in verdict.items() if k != "passed"})
         m.update(reduction)
+        self._detection_power(case, quantity, check, actual, expected, baseline, carried, reduction, m)
         if reduction.get("consistent") is False:
             return base(check=check, status="fail", metrics=m, seconds=seconds, reason=(
                 f"{quantity} is not the sum the backend's own dg implies: rel RMS {m['consistency_rel_rms']:.3e} from "
@@ -290,6 +292,21 @@ class CaseRunner:
         if m.get("first_bad_token") is not None:
             reason += f"; diverges at token {m['first_bad_token']}, worst seq {m['worst_seq']}, head {m['worst_head']}"
         return base(check=check, status="fail", reason=reason, metrics=m, seconds=seconds)
+
+    def _detection_power(self, case, quantity, check, actual, expected, baseline, carried, reduction, m) -> None:
+        """``m["detects"]``: the smallest relative perturbation of this result the check fails (compare.detection_delta,
+        the same judge and limit); ``m["detects_vs_baseline"]``: that over the same-precision baseline's error."""
+        def fails(rel, max_abs):
+            return not compare.judge(case.op, case.io_dtype, quantity, rel, baseline, max_abs=max_abs, carried=carried,
+                                     at_least=reduction.get("conditioned_limit"))["passed"]
+
+        seed = int.from_bytes(hashlib.sha256(f"{case.id}|{check}".encode()).digest()[:8], "little")
+        delta = compare.detection_delta(actual, expected, fails, seed)
+        if delta is None:
+            return
+        m["detects"] = delta
+        if baseline is not None and math.isfinite(baseline) and baseline > 0:
+            m["detects_vs_baseline"] = delta / baseline
 
     def _reduction(self, case, name, inputs, got, grads, exp) -> dict:
         """For a reduced parameter gradient (a_log, dt_bias): consistency with the backend's own dg, and the
