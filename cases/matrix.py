@@ -15,6 +15,7 @@ import functools
 import random
 from collections.abc import Sequence
 
+from . import added
 from .axes import LENGTH_KINDS, MAIN_AXES, ON_OFF, axis_values, compatible
 from .covering import covering_rows, joint_covering_rows, row_interactions
 from .envelope import Envelope
@@ -207,7 +208,7 @@ def tier_axes(tier: str, op: str | None = None) -> dict[str, tuple[str, ...]]:
 
 
 # Budgets the tests hold the tiers to (with every fused backend's envelope cases).
-TIER_BUDGETS = {"L0": (150, 300), "L1": (1000, 2500), "L2": (20, 200)}
+TIER_BUDGETS = {"L0": (150, 320), "L1": (1000, 2500), "L2": (20, 200)}
 L0_MAX_TOKENS = 600
 L0_MAX_HEADS = 4
 
@@ -285,6 +286,11 @@ def tier_cases(tier: str, envelopes: Sequence[Envelope] = ()) -> list[Case]:
         cases += envelope_cases(others, tier, cases)
     if householder:
         cases += envelope_cases(householder, tier, cases, seed="householder-envelopes")
+    # Appended last (cases/added.py), so every case above keeps its id and place.
+    cases = list(_dedupe(cases))
+    if tier == "L0":
+        cases += [c for c in added.minimal_dims_cases(envelopes, tier, cases) if c not in cases]
+    cases += [c for c in added.safe_gate_backward_cases(tier) if c not in cases]
     return list(_dedupe(cases))
 
 

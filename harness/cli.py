@@ -10,6 +10,7 @@ import importlib
 import sys
 
 from deltacheck import __version__
+from deltacheck.harness import leaks
 
 # command -> (the module whose ``add_cli(subparsers)`` registers it, its one-line help). Each parser sets
 # ``func(args) -> int`` (the exit status). In the order `--help` shows them: what to run first, then inspection,
@@ -70,7 +71,10 @@ def build_parser(command: str | None = None, *, every: bool = False) -> argparse
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(_command_of(argv))
+    command = _command_of(argv)
+    if command not in ("report", "compare", "merge"):  # the others may import cuDNN: its leak report at exit
+        leaks.filter_at_exit()
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

@@ -247,3 +247,54 @@ def kind_of_wrong(quantity: str, actual: torch.Tensor, ref: torch.Tensor, limit:
             return (f"the {'output' if quantity == 'out' else 'final state'} matches the reference run without "
                     "the initial state (initial_state dropped)")
     return ""
+
+
+# --- detection power: how small a bug the check still sees ----------------------------------------------------------
+
+DETECT_LO, DETECT_HI, DETECT_STEPS = 1e-7, 10.0, 40
+
+
+def detection_delta(actual: torch.Tensor, ref: torch.Tensor, fails, seed: int) -> float | None:
+    """The smallest relative perturbation ``delta`` of the kernel's own result that fails the check: ``actual``
+    plus seeded Gaussian noise scaled to ``delta`` times ``actual``'s RMS, judged by ``fails(rel_rms, max_abs)``
+    (the check's own rule, which reads ``max_abs`` only against ``NEGLIGIBLE_MAX_ABS``), ``delta`` found by bisection
+    in log space over [1e-7, 10] (no second kernel call).
+    0.0 when the result already fails; inf when even ``delta`` = 10 passes; None when there is nothing to perturb
+    (shapes differ, non-finite values, an empty or all-zero result)."""
+    a, r = actual.detach().to(F64), ref.detach().to(F64)
+    if a.shape != r.shape or a.numel() == 0 or not bool(torch.isfinite(a).all()):
+        return None
+    scale = a.pow(2).mean().sqrt().item()
+    if scale == 0:
+        return None
+    gen = torch.Generator(device=a.device).manual_seed(seed & 0x7FFF_FFFF_FFFF_FFFF)
+    noise = torch.randn(a.shape, generator=gen, dtype=F64, device=a.device)
+    noise *= scale / noise.pow(2).mean().sqrt().item()
+    err = a - r
+    den = r.pow(2).mean().sqrt().item()
+    # mean((err + delta*noise)^2) = A + 2 delta B + delta^2 C: three reductions, then every step is arithmetic
+    A, B, C = err.pow(2).mean().item(), (err * noise).mean().item(), noise.pow(2).mean().item()
+    e_max, n_max = float(err.abs().max()), float(noise.abs().max())
+
+    def fails_at(delta: float) -> bool:
+        num = math.sqrt(max(A + 2 * delta * B + delta * delta * C, 0.0))
+        # max |err + delta*noise| only decides the negligible rule (<= NEGLIGIBLE_MAX_ABS): a lower bound above it
+        # decides the same, so the tensor is only read where the rule could apply
+        low = max(delta * n_max - e_max, e_max - delta * n_max, 0.0)
+        max_abs = low if low > NEGLIGIBLE_MAX_ABS else float((err + delta * noise).abs().max())
+        return bool(fails(num / den if den > 0 else num, max_abs))
+
+    if fails_at(0.0):
+        return 0.0
+    if not fails_at(DETECT_HI):
+        return math.inf
+    lo, hi = math.log(DETECT_LO), math.log(DETECT_HI)
+    if fails_at(DETECT_LO):
+        return DETECT_LO
+    for _ in range(DETECT_STEPS):  # ~1.2% resolution in delta
+        mid = (lo + hi) / 2
+        if fails_at(math.exp(mid)):
+            hi = mid
+        else:
+            lo = mid
+    return math.exp(hi)

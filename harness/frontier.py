@@ -277,6 +277,39 @@ def case_at(axis: str, base: Case, value: float) -> Case:
     raise ValueError(f"unknown axis {axis!r}; the axes are {', '.join(AXES)}")
 
 
+def companion_cases(axis: str, case: Case) -> list[Case]:
+    """Cases judged beside the axis' own case at each value (a point passes only if every one does): on the fp16
+    length axis of KDA and GDN2, the same case through the sigmoid safe gate, backward included — an error that grows
+    with context length in fp16 (TF32-rounded dots in a safe-gate kernel) shows there and not on the plain gate."""
+    if axis != "length" or case.io_dtype != "fp16" or case.safe_gate or case.support.safe_gate_form != "sigmoid":
+        return []
+    try:
+        return [case.replace(safe_gate=True)]
+    except CaseError:
+        return []
+
+
+def _headroom(point: Point) -> float:
+    if point.worst_rel_rms is None or not point.limit:
+        return math.inf if point.nonfinite else -math.inf
+    return point.worst_rel_rms / point.limit
+
+
+def worse_point(point: Point, other: Point, other_case: Case) -> Point:
+    """Of a value's two points, the one that decides it: a failing one over a passing one, else the one nearer its
+    limit; a declined or unjudged companion leaves ``point`` as it is."""
+    if other.verdict not in (PASS, *FAILING):
+        return point
+    if point.verdict not in (PASS, *FAILING):
+        return point
+    other_fails, point_fails = other.verdict in FAILING, point.verdict in FAILING
+    if other_fails and not point_fails or (other_fails == point_fails and _headroom(other) > _headroom(point)):
+        if other.reason:
+            other.reason = f"{other_case.id}: {other.reason}"
+        return other
+    return point
+
+
 # --- the judge: run's checks and limits on one case ------------------------------------------------
 
 
@@ -295,6 +328,12 @@ class CaseJudge:
 
     def __call__(self, value: float) -> Point:
         case = case_at(self.axis, self.base, value)
+        point = self._judge(value, case)
+        for other in companion_cases(self.axis, case):
+            point = worse_point(point, self._judge(value, other), other)
+        return point
+
+    def _judge(self, value: float, case: Case) -> Point:
         verdict = envelope_verdict(self.backend, self.spec, case, self.env)
         if not verdict.runnable:
             for check in checks_for(case):

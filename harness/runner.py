@@ -5,7 +5,8 @@ Checks: ``forward`` (output), ``state`` (final state), ``continuation_ref`` and 
 own single call), ``grad_<input>`` (weighted loss on output and final state, against fp64 autograd
 through the reference), ``determinism`` (two runs, bitwise). Inputs handed to a backend sit inside
 larger buffers whose margins hold NaN, so an out-of-bounds read poisons the output and fails
-``forward`` with a NaN count. Any NaN in an output fails its check; an adapter that allocates an
+``forward`` with a NaN count; an adapter that converts a layout or dtype makes its copy with the same
+margin (harness/margins.py ``with_margin``), so the margin survives in the layout the kernel reads. Any NaN in an output fails its check; an adapter that allocates an
 output itself should prefill it with NaN so an unwritten tail shows up the same way (today's cuDNN
 and FLA adapters do not allocate: the libraries do, with ``torch.empty``).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import math
 import time
 import traceback
@@ -26,8 +28,8 @@ import torch
 from deltacheck.cases import Case, make_inputs
 from deltacheck.reference import layouts
 
-from . import compare
-from .backends.base import Backend, Verdict, get_backend
+from . import compare, margins
+from .backends.base import Backend, Verdict, backend_for
 from .expected import (
     F64,
     GRAD_NAMES,
@@ -192,7 +194,8 @@ class CaseRunner:
         time went is left in ``self.phases`` (seconds per phase, this task only)."""
         self.phases = {}
         results = _Emitting(sink, forward_metrics)
-        self._run(case, backend, backend_spec, verdict, base_results=results)
+        with margins.use(self.opts.margin):  # the adapters' converted inputs carry the same NaN margin
+            self._run(case, backend, backend_spec, verdict, base_results=results)
         return list(results)
 
     @contextlib.contextmanager
@@ -273,7 +276,7 @@ class CaseRunner:
         def without_h0():
             key = f"{case.id}|{exp.reference}"
             if key not in self._no_h0:
-                ref = get_backend(exp.reference)
+                ref = backend_for(exp.reference)
                 inputs = {n: (x.to(torch.float64) if x is not None and x.is_floating_point() else x)
                           for n, x in make_inputs(case, self.opts.device).items()}
                 with torch.no_grad():
@@ -296,6 +299,7 @@ class CaseRunner:
                                 at_least=reduction.get("conditioned_limit"))
         m.update({k: v for k, v in verdict.items() if k != "passed"})
         m.update(reduction)
+        self._detection_power(case, quantity, check, actual, expected, baseline, carried, reduction, m)
         if reduction.get("consistent") is False:
             return base(check=check, status="fail", metrics=m, seconds=seconds, reason=(
                 f"{quantity} is not the sum the backend's own dg implies: rel RMS {m['consistency_rel_rms']:.3e} from "
@@ -320,6 +324,21 @@ class CaseRunner:
         if m.get("first_bad_token") is not None:
             reason += f"; diverges at token {m['first_bad_token']}, worst seq {m['worst_seq']}, head {m['worst_head']}"
         return base(check=check, status="fail", reason=reason, metrics=m, seconds=seconds)
+
+    def _detection_power(self, case, quantity, check, actual, expected, baseline, carried, reduction, m) -> None:
+        """``m["detects"]``: the smallest relative perturbation of this result the check fails (compare.detection_delta,
+        the same judge and limit); ``m["detects_vs_baseline"]``: that over the same-precision baseline's error."""
+        def fails(rel, max_abs):
+            return not compare.judge(case.op, case.io_dtype, quantity, rel, baseline, max_abs=max_abs, carried=carried,
+                                     at_least=reduction.get("conditioned_limit"))["passed"]
+
+        seed = int.from_bytes(hashlib.sha256(f"{case.id}|{check}".encode()).digest()[:8], "little")
+        delta = compare.detection_delta(actual, expected, fails, seed)
+        if delta is None:
+            return
+        m["detects"] = delta
+        if baseline is not None and math.isfinite(baseline) and baseline > 0:
+            m["detects_vs_baseline"] = delta / baseline
 
     def _reduction(self, case, name, inputs, got, grads, exp) -> dict:
         """For a reduced parameter gradient (a_log, dt_bias): consistency with the backend's own dg, and the

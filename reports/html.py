@@ -11,7 +11,16 @@ from typing import Any
 from .frontier import fmt_bound
 from .load import Run
 from .plots import PlotsUnavailable, frontier_plots, make_plots
-from .summary import backend_label, counts_line, fmt_err, fmt_headroom, largest_phase, short_env, time_rows
+from .summary import (
+    backend_label,
+    counts_line,
+    detection_section,
+    fmt_err,
+    fmt_headroom,
+    largest_phase,
+    short_env,
+    time_rows,
+)
 
 MAX_FAILURES_SHOWN = 200
 
@@ -157,6 +166,10 @@ def render_html(run: Run, summary: dict[str, Any]) -> str:
                               [[d["backend"], _code(d["case"]), d["note"], _code(d["repro"])]
                                for d in summary["envelope_disagreements"][:50]]))
 
+    detection = detection_section(summary.get("detection"), lambda header, rows: [_table(header, rows)], str)
+    if detection:
+        out.append("<h2>Detection power: how small a bug each lane sees</h2>")
+        out += [x if x.startswith("<") else f"<p>{escape(x)}</p>" for x in detection if x]
     if (summary.get("time") or {}).get("pairs"):
         out.append("<h2>Where the time went (worker seconds)</h2>")
         rows = time_rows(summary["time"])

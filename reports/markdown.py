@@ -7,7 +7,16 @@ from collections.abc import Iterable
 from typing import Any
 
 from .frontier import markdown_section
-from .summary import backend_label, counts_line, fmt_err, fmt_headroom, limit_text, short_env, time_section
+from .summary import (
+    backend_label,
+    counts_line,
+    detection_section,
+    fmt_err,
+    fmt_headroom,
+    limit_text,
+    short_env,
+    time_section,
+)
 
 MAX_FAILURES_LISTED = 40
 
@@ -114,6 +123,9 @@ def render_markdown(summary: dict[str, Any]) -> str:
                       for d in summary["envelope_disagreements"][:50]])
         out.append("")
 
+    detection = detection_section(summary.get("detection"), table, code)
+    if detection:
+        out += ["## Detection power: how small a bug each lane sees", "", *detection, ""]
     out += time_section(summary.get("time") or {}, table, code)
     out += markdown_section(summary.get("frontiers") or [], table, code)
 

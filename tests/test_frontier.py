@@ -261,3 +261,23 @@ def test_unusable_requests_are_one_line_errors_with_exit_2(tmp_path, capsys, arg
     err = capsys.readouterr().err
     assert err.startswith("deltacheck frontier: ") and message in err and err.count("\n") == 1
     assert not (tmp_path / "runs").exists()  # nothing was started
+
+
+def test_the_fp16_length_axis_also_judges_the_safe_gate_backward():
+    from deltacheck.harness import frontier as fr
+
+    base = Case(op="kda", io_dtype="fp16", layout="thd", seqlens=(192, 130, 160), K=64, V=64, gate="typical",
+                initial_state=True, backward=True)
+    at = fr.case_at("length", base, 256)
+    [safe] = fr.companion_cases("length", at)
+    assert safe.safe_gate and safe.backward and safe.seqlens == (256,)
+    assert fr.companion_cases("gate", at) == []
+    assert fr.companion_cases("length", at.replace(io_dtype="bf16")) == []
+    assert fr.companion_cases("length", fr.case_at("length", base.replace(op="gdn"), 256)) == []  # softplus gate
+    judge = fr.CaseJudge(None, None, "fake", base, "length", None)
+    judge._judge = lambda value, case: (fr.Point(value, fr.FAIL, case.id, worst_rel_rms=3.0, limit=1.0, reason="dq")
+                                        if case.safe_gate else fr.Point(value, fr.PASS, case.id, 0.5, "forward", 1.0))
+    point = judge(256)
+    assert point.verdict == fr.FAIL and point.case == safe.id and point.reason.startswith(safe.id)
+    judge._judge = lambda value, case: fr.Point(value, fr.PASS, case.id, 0.9 if case.safe_gate else 0.5, "forward", 1.0)
+    assert judge(256).case == safe.id  # both pass: the one nearer its limit

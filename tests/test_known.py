@@ -315,3 +315,116 @@ def test_the_shipped_cudnn_entry_stays_where_it_was_seen(env, spec):
     issues = {i.id: i for i in load_known_issues([SHIPPED])}
     case = Case.from_id(H200_CUDNN_KDA_FAILED[0])
     assert not issues["cudnn-kda-hopper-nan-below-log-decay-7"].applies_to(case, spec, spec, env)
+
+
+# FLA 0.6.0 chunk_kda on the H200 (SM90, Triton 3.6), L0 tier, 2026-12-02 (issue #27): the KDA cases with a failing
+# check (the forward, each), and every case whose checks all passed (the new cases of cases/added.py among them).
+H200_FLA_KDA_FAILED = [
+    'kda-fp16-bshd-N2-L64-H2/2/2-K128-V64-steep-state_bf16-beta_one-safegate-scale0.5-cont[21]',
+    'kda-fp16-thd-N1-T[1]-H2/2/2-K64-V64-extreme-state_bf16-sigmoid-negeig-safegate-scale0.5',
+    'kda-fp16-thd-N3-T[0_1_127]-H2/2/4-K64-V128-extreme-state_bf16-beta_one-sigmoid-negeig-safegate-dtbias-cont[64]',
+]
+
+H200_FLA_KDA_PASSED = [
+    'kda-bf16-bhsd-N1-L1-H2/2/2-K128-V128-extreme-state_bf16-safegate-alog-dtbias-scale0.5',
+    'kda-bf16-bhsd-N1-L1-H2/2/2-K128-V128-typical-state_bf16-beta_one-bwd',
+    'kda-bf16-bhsd-N1-L1-H2/2/2-K96-V96-typical-beta_zero-l2norm-sigmoid-safegate-scale0.0625-h0-bwd',
+    'kda-bf16-bhsd-N1-L1-H2/2/4-K128-V128-steep-state_bf16-safegate-alog-dtbias-scale0.0625-h0',
+    'kda-bf16-bhsd-N1-L128-H4/4/4-K64-V128-steep-state_bf16-beta_near2-l2norm-sigmoid-negeig-safegate-alog-dtbias-'
+    'scale0.0625-h0-bwd',
+    'kda-bf16-bhsd-N1-L128-H4/4/4-K64-V64-trained-l2norm-cont[42]-bwd',
+    'kda-bf16-bhsd-N1-L200-H2/2/4-K128-V128-trained-l2norm-sigmoid-h0-cont[63]',
+    'kda-bf16-bhsd-N1-L257-H2/2/2-K128-V128-long-state_bf16-beta_one-h0-cont[85]-bwd',
+    'kda-bf16-bhsd-N1-L63-H2/2/4-K128-V128-zero-beta_one-l2norm-sigmoid-safegate-alog-dtbias-scale0.0625-cont[31]',
+    'kda-bf16-bhsd-N1-L64-H1/1/4-K128-V64-typical-state_bf16-safegate-alog',
+    'kda-bf16-bhsd-N1-L65-H4/4/4-K128-V128-mild-beta_zero-h0-bwd',
+    'kda-bf16-bhsd-N2-L200-H4/4/4-K128-V128-long-state_bf16-beta_near2-sigmoid-negeig-safegate-alog-scale1.0-h0-'
+    'cont[66]',
+    'kda-bf16-bhsd-N4-L31-H2/2/2-K128-V128-typical-beta_one-l2norm-safegate-alog-dtbias',
+    'kda-bf16-bshd-N1-L200-H2/2/2-K96-V96-mild-state_bf16-beta_one-sigmoid-negeig-safegate-alog-dtbias-scale0.5-'
+    'cont[65_66]',
+    'kda-bf16-bshd-N1-L260-H2/2/2-K128-V128-steep-safegate-alog-dtbias-h0-bwd',
+    'kda-bf16-bshd-N1-L64-H4/4/4-K128-V128-zero-state_bf16-beta_zero-l2norm-safegate-alog-dtbias-scale0.0625-h0',
+    'kda-bf16-bshd-N1-L65-H2/2/2-K128-V128-mild-beta_zero-cont[32_63]-bwd',
+    'kda-bf16-bshd-N1-L65-H2/2/2-K128-V128-trained-state_bf16-beta_one-l2norm-sigmoid-safegate-alog-dtbias-'
+    'scale1.0-cont[63]',
+    'kda-bf16-bshd-N2-L129-H2/2/2-K128-V128-extreme-bwd',
+    'kda-bf16-bshd-N2-L129-H2/2/4-K128-V128-typical-state_bf16-beta_zero-l2norm-sigmoid-scale0.0625-h0-cont[43_64]',
+    'kda-bf16-bshd-N2-L130-H4/4/4-K128-V128-typical-sigmoid-bwd',
+    'kda-bf16-bshd-N2-L200-H2/2/2-K128-V128-long-l2norm-safegate-alog-dtbias-scale0.5-h0-cont[133]',
+    'kda-bf16-bshd-N2-L65-H2/2/2-K96-V96-typical-bwd',
+    'kda-bf16-bshd-N2-L65-H2/2/2-K96-V96-typical-h0-bwd',
+    'kda-bf16-sbhd-N1-L128-H1/1/4-K64-V64-steep-state_bf16-beta_one-l2norm-safegate-alog-scale0.5-cont[64]',
+    'kda-bf16-sbhd-N1-L128-H2/2/2-K128-V128-trained-beta_zero-cont[65]-bwd',
+    'kda-bf16-sbhd-N1-L200-H1/1/4-K96-V96-extreme-beta_near2-l2norm-sigmoid-negeig-safegate-dtbias-cont[1_66]',
+    'kda-bf16-sbhd-N1-L200-H4/4/4-K128-V64-mild-state_bf16-beta_near2-sigmoid-negeig-safegate-alog-dtbias-scale0.5-h0',
+    'kda-bf16-sbhd-N1-L320-H4/4/4-K128-V128-long-state_bf16-l2norm-safegate-alog-dtbias-scale0.0625-h0-cont[160]',
+    'kda-bf16-sbhd-N1-L63-H2/2/2-K128-V128-extreme-state_bf16-beta_zero-l2norm-sigmoid-safegate-alog-dtbias-h0',
+    'kda-bf16-sbhd-N1-L65-H2/2/2-K128-V128-typical-state_bf16-beta_one-sigmoid-safegate-alog-dtbias-scale0.0625',
+    'kda-bf16-sbhd-N2-L129-H1/1/4-K128-V128-steep-beta_zero-scale1.0-h0',
+    'kda-bf16-sbhd-N2-L129-H2/2/2-K128-V128-zero-state_bf16-beta_zero-h0-bwd',
+    'kda-bf16-sbhd-N2-L200-H1/1/4-K128-V64-long-beta_near2-sigmoid-negeig-safegate-dtbias-scale1.0-h0-cont[133]',
+    'kda-bf16-sbhd-N2-L64-H2/2/4-K128-V128-mild-h0-cont[33]',
+    'kda-bf16-sbhd-N4-L31-H2/2/2-K64-V128-trained-state_bf16-beta_one-l2norm-sigmoid-negeig-safegate-cont[15_30]',
+    'kda-bf16-sbhd-N4-L31-H4/4/4-K96-V96-steep-safegate-dtbias-scale0.5-h0-bwd',
+    'kda-bf16-thd-N1-T[200]-H2/2/4-K128-V128-extreme-state_bf16-beta_one-safegate-alog-dtbias-scale0.5-cont[1]',
+    'kda-bf16-thd-N1-T[63]-H4/4/4-K64-V128-typical-beta_near2-sigmoid-negeig-safegate-dtbias-scale0.0625-h0',
+    'kda-bf16-thd-N1-T[65]-H4/4/4-K128-V128-typical-sigmoid-safegate-alog-dtbias-scale1.0-cont[21]',
+    'kda-bf16-thd-N2-T[129_129]-H2/2/2-K96-V96-zero-beta_zero-l2norm-safegate-alog-cont[43]-bwd',
+    'kda-bf16-thd-N2-T[257_257]-H4/4/4-K64-V128-long-state_bf16-beta_zero-l2norm-h0-cont[85_171]-bwd',
+    'kda-bf16-thd-N2-T[300_257]-H2/2/2-K128-V128-zero-state_bf16-l2norm-h0-bwd',
+    'kda-bf16-thd-N3-T[0_1_127]-H1/1/4-K128-V64-trained-state_bf16-beta_near2-l2norm-sigmoid-negeig-safegate-'
+    'dtbias-h0-bwd',
+    'kda-bf16-thd-N3-T[0_1_127]-H2/2/2-K128-V128-trained-state_bf16-safegate-alog-dtbias-scale1.0',
+    'kda-bf16-thd-N3-T[0_1_65]-H2/2/2-K96-V96-typical-bwd',
+    'kda-bf16-thd-N3-T[0_1_65]-H2/2/2-K96-V96-typical-h0-bwd',
+    'kda-bf16-thd-N3-T[0_257_1]-H2/2/2-K128-V128-typical-safegate-h0-bwd',
+    'kda-bf16-thd-N3-T[1_64_200]-H2/2/2-K128-V128-steep-h0-cont[64]-bwd',
+    'kda-bf16-thd-N3-T[257_0_300]-H2/2/4-K128-V128-long-beta_zero-l2norm-sigmoid-safegate-alog-dtbias-scale0.5-h0-'
+    'cont[150]',
+    'kda-bf16-thd-N3-T[65_1_129]-H2/2/2-K128-V128-extreme-l2norm-sigmoid-safegate-alog-dtbias-h0-bwd',
+    'kda-bf16-thd-N3-T[65_65_65]-H4/4/4-K128-V128-trained-state_bf16-safegate-alog-dtbias-scale1.0',
+    'kda-bf16-thd-N4-T[0_1_63_65]-H2/2/4-K128-V128-extreme-beta_zero-l2norm-safegate-alog-dtbias-h0',
+    'kda-bf16-thd-N4-T[0_1_64_200]-H2/2/2-K128-V128-steep-l2norm-h0-cont[64]-bwd',
+    'kda-bf16-thd-N4-T[0_1_64_65]-H2/2/2-K64-V64-typical-h0-cont[1_64]-bwd',
+    'kda-bf16-thd-N5-T[65_0_1_200_3]-H2/2/2-K128-V128-typical-state_bf16-beta_zero-l2norm-safegate-alog-dtbias-'
+    'scale0.0625-h0',
+    'kda-bf16-thd-N6-T[63_1_0_64_65_2]-H2/2/4-K128-V128-zero-cont[1]',
+    'kda-bf16-thd-N6-T[63_1_0_64_65_2]-H4/4/4-K128-V128-mild-state_bf16-beta_one-l2norm-sigmoid-safegate-alog-'
+    'dtbias-scale1.0',
+    'kda-fp16-bhsd-N1-L200-H1/1/4-K64-V128-mild-sigmoid-safegate-h0-bwd',
+    'kda-fp16-bhsd-N1-L320-H2/2/2-K96-V96-long-h0-cont[106]',
+    'kda-fp16-bhsd-N1-L63-H2/2/2-K64-V64-mild-sigmoid-safegate-dtbias-h0-cont[1]',
+    'kda-fp16-bhsd-N2-L129-H1/1/4-K96-V96-steep-state_bf16-beta_zero-l2norm-safegate-cont[65_128]-bwd',
+    'kda-fp16-bshd-N1-L200-H2/2/4-K64-V128-extreme-beta_zero-safegate-alog-scale1.0-bwd',
+    'kda-fp16-bshd-N1-L257-H2/2/2-K128-V128-long-state_bf16-beta_one-safegate-scale0.5-h0-cont[85]',
+    'kda-fp16-bshd-N1-L260-H2/2/2-K64-V64-steep-safegate-alog-dtbias-h0-bwd',
+    'kda-fp16-bshd-N1-L65-H2/2/2-K128-V128-trained-state_bf16-beta_zero-safegate-dtbias-scale0.0625-bwd',
+    'kda-fp16-bshd-N2-L200-H2/2/4-K64-V64-long-beta_zero-sigmoid-negeig-safegate-alog-dtbias-scale0.0625-h0-cont[100]',
+    'kda-fp16-bshd-N4-L31-H2/2/4-K64-V128-extreme-beta_near2-sigmoid-negeig',
+    'kda-fp16-sbhd-N1-L200-H1/1/4-K128-V128-typical-beta_one-l2norm-sigmoid-negeig-h0-cont[63_66]',
+    'kda-fp16-sbhd-N4-L31-H2/2/4-K96-V96-trained-beta_zero-l2norm-safegate-alog-h0',
+    'kda-fp16-thd-N1-T[1]-H2/2/4-K128-V64-zero-state_bf16-beta_one-safegate-dtbias-h0',
+    'kda-fp16-thd-N2-T[63_63]-H4/4/4-K64-V128-zero-safegate-dtbias-scale0.5-cont[62]',
+    'kda-fp16-thd-N3-T[0_257_1]-H2/2/2-K64-V64-typical-safegate-h0-bwd',
+    'kda-fp16-thd-N4-T[0_1_63_65]-H1/1/4-K64-V64-zero-state_bf16-beta_near2-sigmoid-negeig-safegate-scale0.5-h0',
+    'kda-fp16-thd-N5-T[65_0_1_200_3]-H2/2/2-K128-V64-mild-state_bf16-beta_zero-l2norm-sigmoid-safegate-alog-'
+    'scale0.5-h0-bwd',
+    'kda-fp16-thd-N5-T[65_0_1_200_3]-H4/4/4-K128-V64-extreme-l2norm-h0-cont[64]-bwd',
+    'kda-fp16-thd-N6-T[63_1_0_64_65_2]-H2/2/4-K96-V96-typical-l2norm-sigmoid-scale0.5-cont[63]',
+]
+
+
+def test_the_shipped_fla_entry_covers_exactly_the_h200_failures():
+    issue = {i.id: i for i in load_known_issues([SHIPPED])}["fla-kda-fp16-safe-gate-forward-tf32"]
+    fla = Env(cuda=True, device_name="NVIDIA H200", capability=(9, 0), versions={"fla": "0.6.0", "triton": "3.6.0"})
+    covered = {cid for cid in H200_FLA_KDA_FAILED + H200_FLA_KDA_PASSED
+               if issue.applies_to(Case.from_id(cid), "fla", "fla", fla)}
+    assert covered == set(H200_FLA_KDA_FAILED)
+    assert issue.checks == ("forward",)
+    case = Case.from_id(H200_FLA_KDA_FAILED[0])
+    for env in (Env(cuda=True, capability=(9, 0), versions={"fla": "0.6.1", "triton": "3.6.0"}),
+                Env(cuda=True, capability=(9, 0), versions={"fla": "0.6.0", "triton": "3.7.1"}),
+                Env(cuda=True, capability=(10, 0), versions={"fla": "0.6.0", "triton": "3.6.0"})):
+        assert not issue.applies_to(case, "fla", "fla", env), env
+    assert not issue.applies_to(case, "cudnn", "cudnn", fla)

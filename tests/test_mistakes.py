@@ -333,3 +333,24 @@ def test_nanobind_leak_warnings_at_a_pytest_workers_exit_stay_out_of_the_termina
     assert not [line for line in LEAK_REPORT if line in proc.stdout + proc.stderr], proc.stderr
     # the controller and both workers print the other lines; each reaches the terminal
     assert proc.stderr.count(OTHER_LINES[0]) == 3 and proc.stderr.count(OTHER_LINES[1]) == 3, proc.stderr
+
+
+@pytest.mark.parametrize("argv", [["env"], ["list", "--tier", "L0", "--op", "kda"], ["frontier", "--help"],
+                                  ["report", "--help"]], ids=lambda a: a[0])
+def test_nanobind_leak_warnings_at_exit_stay_out_of_the_terminal_in_every_command(argv):
+    """Not only `run`: any command may have imported cuDNN's nanobind extension (frontier against cuDNN printed 25
+    lines of it). The fake report is registered before the command starts, so it prints after the command's own
+    exit-time filter is in place, as nanobind does."""
+    script = textwrap.dedent(f"""
+        import atexit, os, sys
+        from deltacheck.harness import leaks
+        leaks.nanobind_loaded = lambda: True  # stands in for cuDNN's nanobind extension
+        REPORT = {LEAK_REPORT + OTHER_LINES!r}
+        atexit.register(lambda: os.write(2, "".join(line + "\\n" for line in REPORT).encode()))
+        from deltacheck.harness.cli import main
+        sys.exit(main({argv!r}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not [line for line in LEAK_REPORT if line in proc.stdout + proc.stderr], proc.stderr
+    assert proc.stderr.count(OTHER_LINES[0]) == 1 and proc.stderr.count(OTHER_LINES[1]) == 1, proc.stderr

@@ -31,6 +31,7 @@ import os
 import torch
 
 from deltacheck.plugin import floors_then_library
+from deltacheck.harness.margins import with_margin
 
 from ..base import Verdict
 from ..loading import Library, load_entry_point
@@ -57,14 +58,16 @@ def _accepted_dtypes(op: str, name: str, io: torch.dtype) -> tuple[torch.dtype, 
 
 
 def _to_thd(x: torch.Tensor, layout: str) -> torch.Tensor:
-    """Case layout -> packed ``[N*L, heads, *feat]``: move to bshd, then flatten batch and sequence."""
+    """Case layout -> packed ``[N*L, heads, *feat]``: move to bshd, then flatten batch and sequence; contiguous
+    between NaN margins (a transposed layout is copied into a margin-bearing buffer, harness/margins.py)."""
     if layout == "thd":
-        return x.contiguous()
+        return with_margin(x)
     if layout == "sbhd":
         x = x.transpose(0, 1)
     elif layout == "bhsd":
         x = x.transpose(1, 2)
-    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()
+    x = with_margin(x)  # contiguous bshd: the flattening below is a view of the same buffer
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
 def _from_thd(o: torch.Tensor, layout: str, n_seqs: int) -> torch.Tensor:
@@ -81,7 +84,7 @@ def _from_thd(o: torch.Tensor, layout: str, n_seqs: int) -> torch.Tensor:
 
 def _state_to_cudnn(state: torch.Tensor | None) -> torch.Tensor | None:
     """make_inputs already gives cuDNN's value-major ``[N, HO, V, K]``; only contiguity is ensured."""
-    return None if state is None else state.contiguous()
+    return with_margin(state)
 
 
 def _state_from_cudnn(state: torch.Tensor) -> torch.Tensor:
@@ -121,7 +124,7 @@ def _conform(op: str, tensors: dict, io: torch.dtype) -> tuple[dict, list[str]]:
         accepted = _accepted_dtypes(op, name, io)
         if x.dtype not in accepted:
             target = accepted[0]
-            out[name] = x.to(target)
+            out[name] = with_margin(x, target)  # the cast keeps the NaN margin
             notes.append(f"{name} cast {_short(x.dtype)} -> {_short(target)}: cuDNN {op} accepts "
                          f"{'/'.join(_short(d) for d in accepted)}")
     return out, notes

@@ -33,6 +33,7 @@ import sys
 import torch
 
 from deltacheck.plugin import floors_then_library
+from deltacheck.harness.margins import with_margin
 
 from ..base import Verdict
 from ..loading import Library, load_entry_point
@@ -43,14 +44,15 @@ DISPATCH_ENV = "FLA_DISABLE_BACKEND_DISPATCH"
 
 
 def _to_btd(x: torch.Tensor, layout: str) -> torch.Tensor:
-    """Case layout -> FLA's ``[B, T, heads, *feat]`` (thd: B = 1)."""
+    """Case layout -> FLA's ``[B, T, heads, *feat]`` (thd: B = 1), contiguous between NaN margins (a
+    transposed layout is copied into a margin-bearing buffer, harness/margins.py)."""
     if layout == "thd":
-        return x.unsqueeze(0).contiguous()
+        return with_margin(x.unsqueeze(0))
     if layout == "sbhd":
         x = x.transpose(0, 1)
     elif layout == "bhsd":
         x = x.transpose(1, 2)
-    return x.contiguous()
+    return with_margin(x)
 
 
 def _from_btd(o: torch.Tensor, layout: str) -> torch.Tensor:
@@ -68,7 +70,7 @@ def _state_to_fla(state: torch.Tensor | None) -> torch.Tensor | None:
     """Our value-major ``[N, HO, V, K]`` -> FLA's key-major fp32 ``[N, HV, K, V]``."""
     if state is None:
         return None
-    return state.transpose(-1, -2).to(torch.float32).contiguous()
+    return with_margin(state.transpose(-1, -2), torch.float32)
 
 
 def _state_from_fla(state: torch.Tensor) -> torch.Tensor:

@@ -40,6 +40,7 @@ import sys
 import torch
 
 from deltacheck.plugin import floors_then_library
+from deltacheck.harness.margins import with_margin
 
 from ..base import LibraryContractError, Verdict
 from ..loading import Library, load_entry_point
@@ -75,6 +76,7 @@ def _to_te(x: torch.Tensor | None, case, name: str) -> torch.Tensor | None:
         return None
     if case.layout == "bhsd":
         x = x.transpose(1, 2)
+    x = with_margin(x)  # contiguous between NaN margins (harness/margins.py); the unflatten below is a view
     if name in case.support.subtoken_inputs:  # GDP, thd only: row t*n + j is token t's sub-token j
         x = x.unflatten(0, (x.shape[0] // case.num_householder, case.num_householder))
     return x
@@ -82,7 +84,7 @@ def _to_te(x: torch.Tensor | None, case, name: str) -> torch.Tensor | None:
 
 def _state_to_te(state: torch.Tensor | None) -> torch.Tensor | None:
     """make_inputs gives value-major ``[N, HO, V, K]``, TE's own convention; TE takes float32 only."""
-    return None if state is None else state.to(torch.float32)
+    return with_margin(state, torch.float32)
 
 
 def _state_from_te(state: torch.Tensor) -> torch.Tensor:
