@@ -283,6 +283,24 @@ def _tileiras_toolchain(finder: Finder, tileiras: str, how: str) -> dict[str, st
     return {"cuda_home": cuda_home, "ptxas": ptxas, "libnvvm": libnvvm}
 
 
+def _nvrtc_include(finder: Finder) -> dict[str, str | None]:
+    """The include tree FE's NVRTC engines (kda_hopper_cuda; kda_cake) compile against, found as
+    ``cudnn/linear_attention/cake/compiler.py cuda_include_dirs`` finds it: ``$CUDA_HOME`` / ``$CUDA_PATH`` /
+    ``$CUDAToolkit_ROOT`` ``/include``, then the pip ``nvidia/{cu13,cu12,cuda_runtime,cuda_nvcc}/include``, then
+    /usr/local/cuda/include: the first holding ``cuda_bf16.h``. ``nvrtc_include_missing`` names a header the
+    kernel needs that the tree lacks (``crt/mma.h``: the pip nvidia-cuda-runtime tree has ``mma.h`` but not the
+    ``crt/`` it includes, so NVRTC fails, measured on the H200)."""
+    roots = [os.path.join(r, "include") for r in map(finder.getenv, ("CUDA_HOME", "CUDA_PATH", "CUDAToolkit_ROOT")) if r]
+    roots += [os.path.join(d, w, "include") for d in finder.module_dirs("nvidia")
+              for w in ("cu13", "cu12", "cuda_runtime", "cuda_nvcc")]
+    roots.append("/usr/local/cuda/include")
+    include = next((r for r in roots if finder.exists(os.path.join(r, "cuda_bf16.h"))), None)
+    missing = None
+    if include and not finder.exists(os.path.join(include, "crt", "mma.h")):
+        missing = "crt/mma.h"
+    return {"nvrtc_include": include, "nvrtc_include_missing": missing}
+
+
 def _probe(finder: Finder) -> Env:
     errors: dict[str, str] = {}
     try:
@@ -322,6 +340,9 @@ def _probe(finder: Finder) -> Env:
                 errors["ptxas"] = f"{tools['ptxas']} --version failed: found but not runnable"
         if tools["libnvvm"]:
             versions["libnvvm"] = _release(finder.embedded_release(tools["libnvvm"]))
+
+    if versions["cudnn_frontend"]:
+        tools.update(_nvrtc_include(finder))
 
     importable = {name: finder.has_module(name) for name in IMPORTABLE_KEYS}
     return Env(

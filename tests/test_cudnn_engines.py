@@ -24,12 +24,15 @@ from deltacheck.harness.runner import CaseRunner, RunOptions
 BANNER = "Cuda compilation tools, release {r}, V{v}\n"
 TC = "/tmp/tc/nvidia/cu13"  # the bundle of ../shared/gpu/cutile-toolchain.sh, put on PATH
 OLD = "/usr/local/cuda"  # the image's CUDA 13.0 toolkit
+VENV = "/opt/torch/.venv/lib/python3.12/site-packages/nvidia"  # the H200 image's pip CUDA wheels
 
 
 def h200_finder(*, env=None, ptxas=True, own_nvvm="13.4.92", pip=False) -> FakeFinder:
     """An H200 with the cuTile runtime and tileiras 13.4.92 on PATH (its own ptxas and libnvvm beside it), and the
     image's 13.0 toolkit at /usr/local/cuda."""
-    files = {f"{TC}/bin/tileiras", f"{OLD}/bin/ptxas", f"{OLD}/nvvm/lib64/libnvvm.so"}
+    files = {f"{TC}/bin/tileiras", f"{OLD}/bin/ptxas", f"{OLD}/nvvm/lib64/libnvvm.so",
+             f"{OLD}/include/cuda_bf16.h", f"{OLD}/include/crt/mma.h",  # the toolkit's full include tree
+             f"{VENV}/cu13/include/cuda_bf16.h", f"{VENV}/cu13/include/mma.h"}  # pip nvidia-cuda-runtime: no crt/
     runs = {f"{TC}/bin/tileiras": BANNER.format(r="13.4", v="13.4.92"),
             f"{OLD}/bin/ptxas": BANNER.format(r="13.0", v="13.0.88")}
     banners = {f"{OLD}/nvvm/lib64/libnvvm.so": BANNER.format(r="13.0", v="13.0.88")}
@@ -41,10 +44,10 @@ def h200_finder(*, env=None, ptxas=True, own_nvvm="13.4.92", pip=False) -> FakeF
         r = ".".join(own_nvvm.split(".")[:2])
         banners[f"{TC}/lib/libnvvm.so.4"] = BANNER.format(r=r, v=own_nvvm)
     dists = {"nvidia-cudnn-frontend": "1.32.0", "cuda-tile": "1.7.0"}
-    dirs = {}
+    dirs = {"nvidia": [VENV]}
     if pip:  # the same files as the pip wheels: cuda.tile then ignores PATH and CUDA_HOME
         dists.update({"nvidia-cuda-tileiras": "13.4.92", "nvidia-cuda-nvcc": "13.4.92", "nvidia-nvvm": "13.4.92"})
-        dirs = {"nvidia.cu13": [TC]}
+        dirs["nvidia.cu13"] = [TC]
     f = FakeFinder(
         dists=dists, modules={"cudnn", "cuda.tile", "cuda.bindings"}, dirs=dirs, files=files, runs=runs,
         banners=banners, env=env or {},
@@ -85,10 +88,33 @@ def test_cuda_home_on_an_older_toolkit_is_a_decline_naming_it():
     assert not facts.pair_verdict("gdn", env).runnable  # on SM90 GDN has cuTile alone
     assert facts.pair_verdict("kda", env).runnable  # the Hopper KDA engines need no tileiras
     assert not facts.engine_verdict("kda_cutile", env).runnable
-    assert facts.engine_verdict("kda_hopper_cuda", env).runnable
+    assert facts.engine_verdict("kda_hopper_cuda", env).runnable  # NVRTC takes $CUDA_HOME/include: complete
     # CUDA_HOME at the bundle itself is fine
     ok = probe_env(finder=h200_finder(env={"CUDA_HOME": TC}))
     assert ok.tools["cuda_home"] == TC and facts.toolchain_unmet(ok) == []
+
+
+def test_nvrtc_include_tree_without_crt_is_a_kda_hopper_cuda_decline_naming_the_fix():
+    """Measured on the H200: with CUDA_HOME unset (for tileiras), FE's NVRTC compiler picks the pip
+    nvidia/cu13/include, which has mma.h but not crt/mma.h: kda_hopper_cuda fails to compile at the first call."""
+    env = probe_env(finder=h200_finder())
+    assert env.tools["nvrtc_include"] == f"{VENV}/cu13/include"
+    assert env.tools["nvrtc_include_missing"] == "crt/mma.h"
+    v = facts.engine_verdict("kda_hopper_cuda", env)
+    assert not v.runnable
+    assert v.reason.startswith(f"cudnn@kda_hopper_cuda:kda: the NVRTC include tree {VENV}/cu13/include lacks crt/mma.h")
+    assert "set CUDAToolkit_ROOT to a full CUDA toolkit" in v.reason
+    assert facts.pair_verdict("kda", env).runnable  # kda_cutile still serves
+    # the fix: CUDAToolkit_ROOT for NVRTC, CUDA_HOME still unset for tileiras
+    fixed = probe_env(finder=h200_finder(env={"CUDAToolkit_ROOT": OLD}))
+    assert fixed.tools["nvrtc_include"] == f"{OLD}/include" and fixed.tools["nvrtc_include_missing"] is None
+    assert fixed.tools["cuda_home"] is None and facts.toolchain_unmet(fixed) == []
+    assert facts.engine_verdict("kda_hopper_cuda", fixed).runnable
+    assert facts.engine_verdict("gdn_cutile", fixed).runnable
+    # neither cuTile nor the NVRTC engine: the pair says both
+    broken = replace(env, importable={**env.importable, "cuda.tile": False})
+    v = facts.pair_verdict("kda", broken)
+    assert not v.runnable and "lacks crt/mma.h" in v.reason and "kda_hopper (CuTe DSL) need it" in v.reason
 
 
 def test_the_pip_tileiras_does_not_see_cuda_home():
@@ -135,6 +161,7 @@ def test_deltacheck_env_shows_the_toolchain():
     assert f"    ptxas                 13.0.88     {OLD}/bin/ptxas  (what tileiras uses)" in text
     assert f"    libnvvm               13.0.88     {OLD}/nvvm/lib64/libnvvm.so  (what tileiras uses)" in text
     assert f"    CUDA_HOME             {OLD}  (passed to tileiras" in text
+    assert f"  NVRTC include tree      {OLD}/include\n" in text
     line = next(x for x in text.splitlines() if x.lstrip().startswith("cudnn@gdn_cutile:gdn"))
     assert "skip" in line and "unset CUDA_HOME" in line
 

@@ -99,6 +99,10 @@ def format_env(report: dict) -> str:
         if key == "libnvvm" and env.tools.get("cuda_home"):
             lines.append(f"  {'  CUDA_HOME':<24}{env.tools['cuda_home']}  (passed to tileiras: it takes ptxas and libnvvm "
                          "from there)")
+    if "nvrtc_include" in env.tools:  # FE's NVRTC engines (kda_hopper_cuda) compile against it
+        inc, missing = env.tools.get("nvrtc_include"), env.tools.get("nvrtc_include_missing")
+        lines.append(f"  {'NVRTC include tree':<24}{inc or '(none with cuda_bf16.h)'}"
+                     + (f"  (lacks {missing})" if missing else ""))
     for k, msg in env.probe_errors.items():
         lines.append(f"  ! probe {k}: {msg}")
     lines += ["", "pairs (our floors; each library still decides per case)"]

@@ -195,8 +195,14 @@ class CudnnBackend:
 
     # ------------------------------------------------------------------ the library
     def _import(self, name: str):
-        """``name`` through the importer; the top-level package too (its version, its decline error)."""
+        """``name`` through the importer; the top-level package too (its version, its decline error). The compile
+        caches FE's engines keep (cuda.tile's cubins, the NVRTC cubins of kda_hopper_cuda and kda_cake) go under
+        deltacheck's cache directory unless the user chose otherwise (docs/ci.md: keep it between CI runs)."""
         if self._module is None:
+            from deltacheck.harness.cachedir import cache_root
+
+            os.environ.setdefault("CUDA_TILE_CACHE_DIR", str(cache_root() / "cutile"))
+            os.environ.setdefault("CUDNN_FRONTEND_CAKE_CACHE_DIR", str(cache_root() / "cudnn_frontend"))
             package = self._importer(name.split(".")[0])
             self._module = self._importer(name)
             self._package = package

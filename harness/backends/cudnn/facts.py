@@ -159,6 +159,24 @@ def _frontend_floors(op: str, env: Env, unmet: list[str], notes: list[str]) -> N
         )
 
 
+def nvrtc_unmet(env: Env, who: str = "kda_hopper_cuda") -> list[str]:
+    """What FE's NVRTC-compiled engine needs: a CUDA include tree NVRTC can compile the kernel against
+    (hopper/cuda_engine.py declines only when no cuda_bf16.h is found; a tree lacking ``crt/mma.h`` passes that
+    check and then fails to compile at the first call). Not judged for an Env recorded before the probe looked."""
+    if "nvrtc_include" not in env.tools:
+        return []
+    include, missing = env.tools.get("nvrtc_include"), env.tools.get("nvrtc_include_missing")
+    fix = ("set CUDAToolkit_ROOT to a full CUDA toolkit (e.g. /usr/local/cuda; FE's NVRTC compiler reads it after "
+           "CUDA_HOME and CUDA_PATH, and neither cuda.tile nor tileiras reads it, so it leaves an unset CUDA_HOME unset)")
+    if include is None:
+        return [f"no CUDA include tree with cuda_bf16.h for NVRTC ({who} compiles its kernel at the first call); {fix}"]
+    if missing:
+        return [f"the NVRTC include tree {include} lacks {missing} ({who} fails to compile: NVRTC \"cannot open source "
+                f"file \"{missing}\"\", measured on an H200 with CUDA_HOME unset and the pip nvidia/cu13/include "
+                f"picked); {fix}"]
+    return []
+
+
 def pair_verdict(op: str, env: Env) -> Verdict:
     """Our floors and facts for ``cudnn:op`` on ``env``; cuDNN's own planner still decides per case."""
     pair = f"cudnn:{op}"
@@ -186,6 +204,9 @@ def pair_verdict(op: str, env: Env) -> Verdict:
         hop: list[str] = []
         if version_below(fe, HOPPER_KDA):
             hop.append(f"{DIST} {fe} < {HOPPER_KDA} (no Hopper KDA engines before 1.30); {INSTALL}")
+        # kda_hopper_cuda (NVRTC) or kda_hopper (CuTe DSL): the path holds if either can build
+        if not hop and nvrtc_unmet(env) and _cutlass_dsl_unmet(env, "kda_hopper (CuTe DSL)"):
+            hop += nvrtc_unmet(env) + _cutlass_dsl_unmet(env, "kda_hopper (CuTe DSL)")
         paths["Hopper"] = hop
     if not any(not u for u in paths.values()):
         if env.cuda:
@@ -313,6 +334,8 @@ def engine_verdict(engine: str, env: Env) -> Verdict:
             unmet.append(f"{DIST} {env.version('cudnn_frontend')} < {HOPPER_KDA} (no {engine} before 1.30); {INSTALL}")
         if engine == "kda_hopper":
             unmet += _cutlass_dsl_unmet(env, "kda_hopper (CuTe DSL)")
+        else:
+            unmet += nvrtc_unmet(env)
     return gathered(f"{engine_backend(engine)}:{op}", unmet, notes)
 
 
