@@ -303,3 +303,115 @@ def test_a_compile_failure_at_the_first_call_names_the_engine():
     assert not v.runnable
     assert v.reason.startswith("cuDNN engine (gdn_cutile) failed to compile its kernel (plan_name='gdn_cutile'): "
                                "TileCompilerExecutionError: Return code 5")
+
+
+# ------------------------------------------------------------------------------------------------
+# The kda_cutile known issues against the H200 run they came from (L0, warm pass, 2026-12-02): the KDA cases
+# kda_cutile ran, pinned (cudnn@kda_cutile) and under default routing (cudnn, where results say engine=kda_cutile).
+# FAILED: a check failed (NaN out); NOT_FAILED: no check failed (a few errored: non-contiguous d_final_state / dO).
+
+H200_KDA_CUTILE_FAILED = [
+    "kda-bf16-bhsd-N1-L128-H4/4/4-K64-V64-trained-l2norm-cont[42]-bwd",
+    "kda-bf16-bhsd-N1-L200-H2/2/4-K128-V128-trained-l2norm-sigmoid-h0-cont[63]",
+    "kda-bf16-bshd-N2-L129-H2/2/2-K128-V128-extreme-bwd",
+    "kda-fp16-bhsd-N2-L129-H1/1/4-K96-V96-steep-state_bf16-beta_zero-l2norm-safegate-cont[65_128]-bwd",
+    "kda-fp16-bshd-N1-L200-H2/2/4-K64-V128-extreme-beta_zero-safegate-alog-scale1.0-bwd",
+    "kda-fp16-bshd-N1-L65-H2/2/2-K128-V128-trained-state_bf16-beta_zero-safegate-dtbias-scale0.0625-bwd",
+    "kda-fp16-bshd-N2-L64-H2/2/2-K128-V64-steep-state_bf16-beta_one-safegate-scale0.5-cont[21]",
+    "kda-fp16-sbhd-N4-L31-H2/2/4-K96-V96-trained-beta_zero-l2norm-safegate-alog-h0",
+    "kda-fp16-thd-N5-T[65_0_1_200_3]-H4/4/4-K128-V64-extreme-l2norm-h0-cont[64]-bwd",
+    "kda-fp16-thd-N6-T[63_1_0_64_65_2]-H2/2/4-K96-V96-typical-l2norm-sigmoid-scale0.5-cont[63]"
+]
+H200_KDA_CUTILE_NOT_FAILED = [
+    "kda-bf16-bhsd-N1-L1-H2/2/2-K128-V128-extreme-state_bf16-safegate-alog-dtbias-scale0.5",
+    "kda-bf16-bhsd-N1-L1-H2/2/2-K128-V128-typical-state_bf16-beta_one-bwd",
+    "kda-bf16-bhsd-N1-L1-H2/2/2-K96-V96-typical-beta_zero-l2norm-sigmoid-safegate-scale0.0625-h0-bwd",
+    "kda-bf16-bhsd-N1-L63-H2/2/4-K128-V128-zero-beta_one-l2norm-sigmoid-safegate-alog-dtbias-scale0.0625-cont[31]",
+    "kda-bf16-bhsd-N1-L64-H1/1/4-K128-V64-typical-state_bf16-safegate-alog",
+    "kda-bf16-bhsd-N1-L65-H4/4/4-K128-V128-mild-beta_zero-h0-bwd",
+    "kda-bf16-bhsd-N4-L31-H2/2/2-K128-V128-typical-beta_one-l2norm-safegate-alog-dtbias",
+    "kda-bf16-bshd-N1-L65-H2/2/2-K128-V128-mild-beta_zero-cont[32_63]-bwd",
+    "kda-bf16-bshd-N1-L65-H2/2/2-K128-V128-trained-state_bf16-beta_one-l2norm-sigmoid-safegate-alog-dtbias-scale1.0-cont[63]",
+    "kda-bf16-bshd-N2-L130-H4/4/4-K128-V128-typical-sigmoid-bwd",
+    "kda-bf16-bshd-N2-L200-H2/2/2-K128-V128-long-l2norm-safegate-alog-dtbias-scale0.5-h0-cont[133]",
+    "kda-bf16-sbhd-N1-L128-H1/1/4-K64-V64-steep-state_bf16-beta_one-l2norm-safegate-alog-scale0.5-cont[64]",
+    "kda-bf16-sbhd-N1-L128-H2/2/2-K128-V128-trained-beta_zero-cont[65]-bwd",
+    "kda-bf16-sbhd-N1-L65-H2/2/2-K128-V128-typical-state_bf16-beta_one-sigmoid-safegate-alog-dtbias-scale0.0625",
+    "kda-bf16-sbhd-N2-L129-H1/1/4-K128-V128-steep-beta_zero-scale1.0-h0",
+    "kda-bf16-sbhd-N2-L64-H2/2/4-K128-V128-mild-h0-cont[33]",
+    "kda-bf16-sbhd-N4-L31-H4/4/4-K96-V96-steep-safegate-dtbias-scale0.5-h0-bwd",
+    "kda-bf16-thd-N1-T[200]-H2/2/4-K128-V128-extreme-state_bf16-beta_one-safegate-alog-dtbias-scale0.5-cont[1]",
+    "kda-bf16-thd-N1-T[65]-H4/4/4-K128-V128-typical-sigmoid-safegate-alog-dtbias-scale1.0-cont[21]",
+    "kda-bf16-thd-N2-T[129_129]-H2/2/2-K96-V96-zero-beta_zero-l2norm-safegate-alog-cont[43]-bwd",
+    "kda-bf16-thd-N3-T[0_1_127]-H2/2/2-K128-V128-trained-state_bf16-safegate-alog-dtbias-scale1.0",
+    "kda-bf16-thd-N3-T[1_64_200]-H2/2/2-K128-V128-steep-h0-cont[64]-bwd",
+    "kda-bf16-thd-N3-T[257_0_300]-H2/2/4-K128-V128-long-beta_zero-l2norm-sigmoid-safegate-alog-dtbias-scale0.5-h0-cont[150]",
+    "kda-bf16-thd-N3-T[65_1_129]-H2/2/2-K128-V128-extreme-l2norm-sigmoid-safegate-alog-dtbias-h0-bwd",
+    "kda-bf16-thd-N3-T[65_65_65]-H4/4/4-K128-V128-trained-state_bf16-safegate-alog-dtbias-scale1.0",
+    "kda-bf16-thd-N4-T[0_1_63_65]-H2/2/4-K128-V128-extreme-beta_zero-l2norm-safegate-alog-dtbias-h0",
+    "kda-bf16-thd-N4-T[0_1_64_200]-H2/2/2-K128-V128-steep-l2norm-h0-cont[64]-bwd",
+    "kda-bf16-thd-N4-T[0_1_64_65]-H2/2/2-K64-V64-typical-h0-cont[1_64]-bwd",
+    "kda-bf16-thd-N6-T[63_1_0_64_65_2]-H2/2/4-K128-V128-zero-cont[1]",
+    "kda-bf16-thd-N6-T[63_1_0_64_65_2]-H4/4/4-K128-V128-mild-state_bf16-beta_one-l2norm-sigmoid-safegate-alog-dtbias-scale1.0",
+    "kda-fp16-bhsd-N1-L200-H1/1/4-K64-V128-mild-sigmoid-safegate-h0-bwd",
+    "kda-fp16-bhsd-N1-L320-H2/2/2-K96-V96-long-h0-cont[106]",
+    "kda-fp16-bhsd-N1-L63-H2/2/2-K64-V64-mild-sigmoid-safegate-dtbias-h0-cont[1]",
+    "kda-fp16-thd-N2-T[63_63]-H4/4/4-K64-V128-zero-safegate-dtbias-scale0.5-cont[62]"
+]
+H200_CUDNN_CUTILE_FAILED = [
+    "kda-bf16-bhsd-N1-L128-H4/4/4-K64-V64-trained-l2norm-cont[42]-bwd",
+    "kda-fp16-bhsd-N2-L129-H1/1/4-K96-V96-steep-state_bf16-beta_zero-l2norm-safegate-cont[65_128]-bwd",
+    "kda-fp16-bshd-N1-L200-H2/2/4-K64-V128-extreme-beta_zero-safegate-alog-scale1.0-bwd",
+    "kda-fp16-bshd-N1-L65-H2/2/2-K128-V128-trained-state_bf16-beta_zero-safegate-dtbias-scale0.0625-bwd",
+    "kda-fp16-bshd-N2-L64-H2/2/2-K128-V64-steep-state_bf16-beta_one-safegate-scale0.5-cont[21]",
+    "kda-fp16-sbhd-N4-L31-H2/2/4-K96-V96-trained-beta_zero-l2norm-safegate-alog-h0",
+    "kda-fp16-thd-N5-T[65_0_1_200_3]-H4/4/4-K128-V64-extreme-l2norm-h0-cont[64]-bwd",
+    "kda-fp16-thd-N6-T[63_1_0_64_65_2]-H2/2/4-K96-V96-typical-l2norm-sigmoid-scale0.5-cont[63]"
+]
+H200_CUDNN_CUTILE_NOT_FAILED = [
+    "kda-bf16-bhsd-N1-L1-H2/2/2-K96-V96-typical-beta_zero-l2norm-sigmoid-safegate-scale0.0625-h0-bwd",
+    "kda-bf16-bhsd-N1-L64-H1/1/4-K128-V64-typical-state_bf16-safegate-alog",
+    "kda-bf16-sbhd-N1-L128-H1/1/4-K64-V64-steep-state_bf16-beta_one-l2norm-safegate-alog-scale0.5-cont[64]",
+    "kda-bf16-sbhd-N4-L31-H4/4/4-K96-V96-steep-safegate-dtbias-scale0.5-h0-bwd",
+    "kda-bf16-thd-N2-T[129_129]-H2/2/2-K96-V96-zero-beta_zero-l2norm-safegate-alog-cont[43]-bwd",
+    "kda-bf16-thd-N4-T[0_1_64_65]-H2/2/2-K64-V64-typical-h0-cont[1_64]-bwd",
+    "kda-fp16-bhsd-N1-L200-H1/1/4-K64-V128-mild-sigmoid-safegate-h0-bwd",
+    "kda-fp16-bhsd-N1-L320-H2/2/2-K96-V96-long-h0-cont[106]",
+    "kda-fp16-bhsd-N1-L63-H2/2/2-K64-V64-mild-sigmoid-safegate-dtbias-h0-cont[1]",
+    "kda-fp16-thd-N2-T[63_63]-H4/4/4-K64-V128-zero-safegate-dtbias-scale0.5-cont[62]"
+]
+
+
+def _shipped():
+    from deltacheck.harness.known import SHIPPED, load_known_issues
+
+    return {i.id: i for i in load_known_issues([SHIPPED])}
+
+
+H200_KNOWN_ENV = environment.Env(cuda=True, device_name="NVIDIA H200", capability=(9, 0),
+                                 versions={"cudnn_frontend": "1.32.0"})
+
+
+@pytest.mark.parametrize("spec, ids, failed, not_failed", [
+    ("cudnn@kda_cutile", ("cudnn-kda-cutile-fp16-nan", "cudnn-kda-cutile-nan-below-log-decay"),
+     H200_KDA_CUTILE_FAILED, H200_KDA_CUTILE_NOT_FAILED),
+    ("cudnn", ("cudnn-kda-cutile-fp16-nan-routed",),
+     [c for c in H200_CUDNN_CUTILE_FAILED if "-fp16-" in c], [c for c in H200_CUDNN_CUTILE_NOT_FAILED if "-fp16-" in c]),
+])
+def test_the_kda_cutile_entries_cover_exactly_the_h200_failures(spec, ids, failed, not_failed):
+    issues = _shipped()
+    covered = {cid for cid in failed + not_failed
+               if any(issues[i].applies_to(Case.from_id(cid), spec, spec, H200_KNOWN_ENV) for i in ids)}
+    assert covered == set(failed)
+
+
+def test_the_kda_cutile_entries_stay_on_their_engine_and_machine():
+    issues = _shipped()
+    case = Case.from_id(H200_KDA_CUTILE_FAILED[-1])  # fp16
+    entry = issues["cudnn-kda-cutile-fp16-nan"]
+    assert entry.applies_to(case, "cudnn@kda_cutile", "cudnn@kda_cutile", H200_KNOWN_ENV)
+    assert not entry.applies_to(case, "cudnn", "cudnn", H200_KNOWN_ENV)
+    assert not entry.applies_to(case, "cudnn@kda_cutile", "cudnn@kda_cutile",
+                                replace(H200_KNOWN_ENV, capability=(10, 0)))
+    assert not entry.applies_to(case, "cudnn@kda_cutile", "cudnn@kda_cutile",
+                                replace(H200_KNOWN_ENV, versions={"cudnn_frontend": "1.33.0"}))
