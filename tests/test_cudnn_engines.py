@@ -415,3 +415,22 @@ def test_the_kda_cutile_entries_stay_on_their_engine_and_machine():
                                 replace(H200_KNOWN_ENV, capability=(10, 0)))
     assert not entry.applies_to(case, "cudnn@kda_cutile", "cudnn@kda_cutile",
                                 replace(H200_KNOWN_ENV, versions={"cudnn_frontend": "1.33.0"}))
+
+
+def test_compare_says_which_engine_changed(tmp_path, capsys):
+    """A release comparison names the forward results another engine served (metrics["engine"])."""
+    from test_reports_compare import cli, pair, result
+
+    def served(status, rel, engine, case):
+        r = result(status, rel, case=case)
+        r["metrics"]["engine"] = engine
+        return r
+
+    a, b = "kda-bf16-thd-N1-T[64]-H2/2/2-K128-V128-typical", "kda-bf16-thd-N1-T[64]-H2/2/2-K64-V64-typical"
+    old_dir, new_dir = pair(tmp_path, [served("pass", 1e-3, "kda_hopper_cuda", a), served("pass", 1e-3, "kda_cutile", b)],
+                            [served("fail", 9e-2, "kda_cutile", a), served("pass", 1e-3, "kda_cutile", b)])
+    cli("compare", str(old_dir), str(new_dir))
+    text = capsys.readouterr().out
+    assert "## Engine changes: another engine served the forward (1)" in text
+    assert f"| `{a}` | cudnn | kda_hopper_cuda | **kda_cutile** |" in text
+    assert f"`{b}` | cudnn | kda_cutile" not in text.split("## Engine changes", 1)[1].split("##", 1)[0]
