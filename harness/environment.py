@@ -42,6 +42,10 @@ VERSION_KEYS = (
     "cuda_tile",
     "tileiras",  # from `tileiras --version`; None when absent or not runnable
     "tileiras_dist",
+    "nvcc_dist",
+    "nvvm_dist",
+    "ptxas",  # the ptxas tileiras will call (`ptxas --version`): it must match tileiras's version
+    "libnvvm",  # the libnvvm tileiras will load (its embedded "release X.Y" string): it must match too
     "fla",
     "triton",
     "transformer_engine",
@@ -51,6 +55,8 @@ DIST_KEYS = {
     "cutlass_dsl": ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-internal"),
     "cuda_tile": ("cuda-tile",),
     "tileiras_dist": ("nvidia-cuda-tileiras",),
+    "nvcc_dist": ("nvidia-cuda-nvcc",),  # with nvidia-nvvm: cuda.tile uses the pip tileiras only if all three match
+    "nvvm_dist": ("nvidia-nvvm",),
     "fla": ("fla-core", "flash-linear-attention"),
     "triton": ("triton",),
     "transformer_engine": ("transformer-engine", "transformer_engine", "transformer-engine-torch"),
@@ -70,7 +76,9 @@ class Env:
     python: str = platform.python_version()
     host: str = platform.node()
     importable: Mapping[str, bool] = field(default_factory=dict)  # find_spec found the module
-    tools: Mapping[str, str | None] = field(default_factory=dict)  # e.g. tileiras -> its path
+    # paths: tileiras, and the ptxas / libnvvm it will use; tileiras_via (pip / PATH / CUDA_HOME / default: how
+    # cuda.tile finds it); cuda_home ($CUDA_HOME as tileiras sees it: None when unset or when cuda.tile drops it)
+    tools: Mapping[str, str | None] = field(default_factory=dict)
     probe_errors: Mapping[str, str] = field(default_factory=dict)  # what the probe could not read
 
     @property
@@ -133,6 +141,22 @@ class Finder:
 
     def which(self, tool: str, path: str | None = None) -> str | None:
         return shutil.which(tool, path=path)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def embedded_release(self, path: str) -> str | None:
+        """The ``release X.Y, VX.Y.Z`` a CUDA library carries in its bytes (libnvvm has no version call that says
+        its toolkit release), or None. Memory-mapped: nothing is loaded into this process."""
+        import mmap
+
+        marker = b"Cuda compilation tools, release "
+        try:
+            with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                at = mm.find(marker)
+                return None if at < 0 else mm[at:at + 80].decode("ascii", "replace")
+        except Exception:  # noqa: BLE001
+            return None
 
     def getenv(self, name: str) -> str | None:
         return os.environ.get(name)
@@ -216,21 +240,65 @@ def _str_or_none(v: Any) -> str | None:
 _TILEIRAS_VERSION = re.compile(r"release (\d+\.\d+)|V(\d+\.\d+(?:\.\d+)?)")
 
 
-def _find_tileiras(finder: Finder) -> str | None:
-    """cuda.tile's own search order: the nvidia-cuda-tileiras wheel (nvidia/cu13/bin), cuda.tile's
-    bundled _deps/bin, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin."""
-    dirs = [os.path.join(d, "bin") for d in finder.module_dirs("nvidia.cu13")]
-    dirs += [os.path.join(d, "_deps", "bin") for d in finder.module_dirs("cuda.tile")]
-    for d in dirs:
-        if hit := finder.which("tileiras", d):
-            return hit
+def _find_tileiras(finder: Finder) -> tuple[str | None, str | None]:
+    """(path, how) as cuda.tile 1.7 (``cuda/tile/_compile.py _find_compiler_bin``) finds it: the pip
+    nvidia-cuda-tileiras (nvidia/cu13/bin) only when it, nvidia-cuda-nvcc and nvidia-nvvm share a major.minor;
+    else PATH; else $CUDA_HOME/bin; else /usr/local/cuda/bin. ``how``: pip, PATH, CUDA_HOME or default."""
+    pip = [finder.dist_version(d) for d in ("nvidia-cuda-tileiras", "nvidia-cuda-nvcc", "nvidia-nvvm")]
+    if all(pip) and len({".".join(v.split(".")[:2]) for v in pip}) == 1:
+        for d in finder.module_dirs("nvidia.cu13"):
+            if hit := finder.which("tileiras", os.path.join(d, "bin")):
+                return hit, "pip"
     if hit := finder.which("tileiras"):
-        return hit
-    cuda_home = finder.getenv("CUDA_HOME") or finder.getenv("CUDA_PATH")
-    for d in ([os.path.join(cuda_home, "bin")] if cuda_home else []) + ["/usr/local/cuda/bin"]:
-        if hit := finder.which("tileiras", d):
-            return hit
-    return None
+        return hit, "PATH"
+    cuda_home = finder.getenv("CUDA_HOME")
+    if cuda_home and (hit := finder.which("tileiras", os.path.join(cuda_home, "bin"))):
+        return hit, "CUDA_HOME"
+    if hit := finder.which("tileiras", "/usr/local/cuda/bin"):
+        return hit, "default"
+    return None, None
+
+
+def _release(text: str | None) -> str | None:
+    """``13.4.92`` (or ``13.4``) from a ``release 13.4, V13.4.92`` banner; ``unknown`` when it says neither."""
+    if text is None:
+        return None
+    m = _TILEIRAS_VERSION.search(text)
+    full = re.search(r"V(\d+\.\d+\.\d+)", text)
+    return full.group(1) if full else (m.group(1) or m.group(2)) if m else "unknown"
+
+
+def _tileiras_toolchain(finder: Finder, tileiras: str, how: str) -> dict[str, str | None]:
+    """Where tileiras will take ptxas and libnvvm from. tileiras (13.3, 13.4) looks under ``$CUDA_HOME`` when that
+    is set in its environment and ignores its own files; else beside itself (``<root>/bin/ptxas``,
+    ``<root>/nvvm/lib64/libnvvm.so`` or ``<root>/lib/libnvvm.so.4``, root = its bin/..). cuda.tile passes
+    ``CUDA_HOME`` on to a tileiras found on PATH or in $CUDA_HOME/bin, and drops it for the pip one."""
+    cuda_home = finder.getenv("CUDA_HOME") if how in ("PATH", "CUDA_HOME") else None
+    root = cuda_home or os.path.dirname(os.path.dirname(tileiras))
+    ptxas = os.path.join(root, "bin", "ptxas")
+    if not finder.exists(ptxas):
+        ptxas = None if cuda_home else finder.which("ptxas")  # tileiras's own ptxas, else the one on PATH
+    libnvvm = next((p for p in (os.path.join(root, "nvvm", "lib64", "libnvvm.so"),
+                                os.path.join(root, "lib", "libnvvm.so.4")) if finder.exists(p)), None)
+    return {"cuda_home": cuda_home, "ptxas": ptxas, "libnvvm": libnvvm}
+
+
+def _nvrtc_include(finder: Finder) -> dict[str, str | None]:
+    """The include tree FE's NVRTC engines (kda_hopper_cuda; kda_cake) compile against, found as
+    ``cudnn/linear_attention/cake/compiler.py cuda_include_dirs`` finds it: ``$CUDA_HOME`` / ``$CUDA_PATH`` /
+    ``$CUDAToolkit_ROOT`` ``/include``, then the pip ``nvidia/{cu13,cu12,cuda_runtime,cuda_nvcc}/include``, then
+    /usr/local/cuda/include: the first holding ``cuda_bf16.h``. ``nvrtc_include_missing`` names a header the
+    kernel needs that the tree lacks (``crt/mma.h``: the pip nvidia-cuda-runtime tree has ``mma.h`` but not the
+    ``crt/`` it includes, so NVRTC fails, measured on the H200)."""
+    roots = [os.path.join(r, "include") for r in map(finder.getenv, ("CUDA_HOME", "CUDA_PATH", "CUDAToolkit_ROOT")) if r]
+    roots += [os.path.join(d, w, "include") for d in finder.module_dirs("nvidia")
+              for w in ("cu13", "cu12", "cuda_runtime", "cuda_nvcc")]
+    roots.append("/usr/local/cuda/include")
+    include = next((r for r in roots if finder.exists(os.path.join(r, "cuda_bf16.h"))), None)
+    missing = None
+    if include and not finder.exists(os.path.join(include, "crt", "mma.h")):
+        missing = "crt/mma.h"
+    return {"nvrtc_include": include, "nvrtc_include_missing": missing}
 
 
 def _probe(finder: Finder) -> Env:
@@ -257,14 +325,24 @@ def _probe(finder: Finder) -> Env:
         if versions["cudnn_backend"] is None:
             errors["cudnn_backend"] = "import cudnn failed or reported no backend version"
 
-    tools: dict[str, str | None] = {"tileiras": _find_tileiras(finder)}
-    if tools["tileiras"]:
-        out = finder.run([tools["tileiras"], "--version"])
+    tileiras, how = _find_tileiras(finder)
+    tools: dict[str, str | None] = {"tileiras": tileiras, "tileiras_via": how}
+    if tileiras:
+        out = finder.run([tileiras, "--version"])
         if out is None:
-            errors["tileiras"] = f"{tools['tileiras']} --version failed: found but not runnable"
+            errors["tileiras"] = f"{tileiras} --version failed: found but not runnable"
         else:
-            m = _TILEIRAS_VERSION.search(out)
-            versions["tileiras"] = (m.group(1) or m.group(2)) if m else "unknown"
+            versions["tileiras"] = _release(out)
+        tools.update(_tileiras_toolchain(finder, tileiras, how))
+        if tools["ptxas"]:
+            versions["ptxas"] = _release(finder.run([tools["ptxas"], "--version"]))
+            if versions["ptxas"] is None:
+                errors["ptxas"] = f"{tools['ptxas']} --version failed: found but not runnable"
+        if tools["libnvvm"]:
+            versions["libnvvm"] = _release(finder.embedded_release(tools["libnvvm"]))
+
+    if versions["cudnn_frontend"]:
+        tools.update(_nvrtc_include(finder))
 
     importable = {name: finder.has_module(name) for name in IMPORTABLE_KEYS}
     return Env(

@@ -364,6 +364,9 @@ class CaseRunner:
         with torch.set_grad_enabled(bool(names)), self._phase("first_call"):
             out, state = backend.run(case, inputs)
         seconds = time.perf_counter() - t0
+        served = getattr(backend, "served", None)  # e.g. cuDNN: {"engine": graph.selected_engine.name}
+        if callable(served):
+            results.forward_metrics = {**results.forward_metrics, **served()}
         packed = to_packed(out, case)
         # Judged (and streamed) before the backward runs: a crash in the backward keeps these.
         results.append(self._judge(case, "out", "forward", packed, exp.out, exp.baseline_err.get("out"),

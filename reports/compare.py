@@ -61,6 +61,9 @@ class Comparison:
     gate_changes: list[tuple[str, str, str, str]] = field(default_factory=list)
     coverage_changes: list[dict[str, Any]] = field(default_factory=list)
     frontier_changes: list[FrontierChange] = field(default_factory=list)
+    # (case, backend, old engine, new engine): the forward was served by another engine (metrics["engine"], e.g.
+    # cuDNN's graph.selected_engine.name), so a changed verdict can be traced to a routing change
+    engine_changes: list[tuple[str, str, str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def of_kind(self, kind: str) -> list[Change]:
@@ -204,6 +207,12 @@ def compare_runs(old: Run, new: Run, factor: float = DEFAULT_FACTOR, floor: floa
     for key in sorted(set(old_idx) | set(new_idx)):
         cmp.changes.append(_classify(old_idx.get(key), new_idx.get(key), factor, floor))
     cmp.frontier_changes = compare_frontiers(old.frontiers, new.frontiers)
+    for key in sorted(set(old_idx) & set(new_idx)):
+        if key[2] != "forward":
+            continue
+        a, b = (idx[key]["metrics"].get("engine") for idx in (old_idx, new_idx))
+        if a != b and (a or b):
+            cmp.engine_changes.append((key[0], key[1], a or "not recorded", b or "not recorded"))
 
     old_env, new_env = _flat_env(old), _flat_env(new)
     for name in sorted(set(old_env) | set(new_env)):
@@ -292,6 +301,12 @@ def render_comparison(cmp: Comparison) -> str:
         out += ["## Read this first", ""] + [f"- {n}" for n in cmp.notes] + [""]
 
     out += comparison_section(cmp.frontier_changes, table)
+
+    if cmp.engine_changes:
+        out += [f"## Engine changes: another engine served the forward ({len(cmp.engine_changes)})", ""]
+        out += table(["case", "backend", "old engine", "new engine"],
+                     [[code(c), b, a_eng, f"**{b_eng}**"] for c, b, a_eng, b_eng in cmp.engine_changes])
+        out.append("")
 
     out += ["## Changes by kind", ""]
     out += table(["kind", "results", "regression?"],

@@ -531,7 +531,8 @@ def test_functions_are_pure():
 
 class FakeFinder(Finder):
     def __init__(self, *, dists=None, modules=(), dirs=None, files=(), env=None, runs=None, torch=None,
-                 cudart=None, driver=None, backend=None):
+                 cudart=None, driver=None, backend=None, banners=None):
+        self.banners = banners or {}  # path -> the release banner embedded in that library's bytes
         self.dists = dists or {}
         self.modules = set(modules)
         self.dirs = dirs or {}
@@ -561,6 +562,12 @@ class FakeFinder(Finder):
 
     def getenv(self, name):
         return self.env.get(name)
+
+    def exists(self, path):
+        return path in self.files
+
+    def embedded_release(self, path):
+        return self.banners.get(path)
 
     def run(self, argv, timeout=15.0):
         self.calls.append(" ".join(argv))
@@ -595,12 +602,14 @@ def test_probe_cpu_machine_reads_nothing_gpu_only():
 def test_probe_hopper_machine_with_everything():
     f = FakeFinder(
         dists={"nvidia-cudnn-frontend": "1.32.0", "nvidia-cutlass-dsl": "4.8.0", "cuda-tile": "1.4.0",
-               "nvidia-cuda-tileiras": "13.3.0", "flash-linear-attention": "0.6.0", "triton": "3.5.0",
-               "transformer-engine": "2.20.0"},
+               "nvidia-cuda-tileiras": "13.3.0", "nvidia-cuda-nvcc": "13.3.1", "nvidia-nvvm": "13.3.0",
+               "flash-linear-attention": "0.6.0", "triton": "3.5.0", "transformer-engine": "2.20.0"},
         modules={"cudnn", "cutlass", "cuda.tile", "cuda.bindings", "fla", "triton", "transformer_engine"},
         dirs={"nvidia.cu13": ["/sp/nvidia/cu13"]},
-        files={"/sp/nvidia/cu13/bin/tileiras"},
-        runs={"/sp/nvidia/cu13/bin/tileiras": "Cuda compilation tools, release 13.3, V13.3.41\n"},
+        files={"/sp/nvidia/cu13/bin/tileiras", "/sp/nvidia/cu13/bin/ptxas", "/sp/nvidia/cu13/lib/libnvvm.so.4"},
+        runs={"/sp/nvidia/cu13/bin/tileiras": "Cuda compilation tools, release 13.3, V13.3.41\n",
+              "/sp/nvidia/cu13/bin/ptxas": "Cuda compilation tools, release 13.3, V13.3.41\n"},
+        banners={"/sp/nvidia/cu13/lib/libnvvm.so.4": "Cuda compilation tools, release 13.3, V13.3.41"},
         torch={"torch": "2.13.0", "cuda_runtime": "13.0", "cuda": True, "device_name": "NVIDIA H200",
                "capability": (9, 0), "torch_cudnn": "91400"},
         cudart="13.3", driver="590.10", backend="9.20.0",
@@ -608,7 +617,8 @@ def test_probe_hopper_machine_with_everything():
     env = probe_env(finder=f)
     assert env.cuda and env.sm == 90 and env.device() == "SM90 (NVIDIA H200)"
     assert env.versions["fla"] == "0.6.0", "flash-linear-attention counts when fla-core is absent"
-    assert env.versions["tileiras"] == "13.3" and env.tools["tileiras"] == "/sp/nvidia/cu13/bin/tileiras"
+    assert env.versions["tileiras"] == "13.3.41" and env.tools["tileiras"] == "/sp/nvidia/cu13/bin/tileiras"
+    assert env.tools["tileiras_via"] == "pip"
     assert env.versions["cudnn_backend"] == "9.20.0" and env.versions["driver"] == "590.10"
     assert env.versions["transformer_engine"] == "2.20.0"
     assert pair_verdict("cudnn", "gdn", env).runnable
@@ -675,6 +685,8 @@ def test_cli_env_json(clean_required, capsys):
     # Each fused backend with the ops it implements: TE 2.20 has no KDA module, FLA no GDP entry point here.
     assert set(report["pairs"]) == (
         {f"cudnn:{o}" for o in ("gdn", "kda", "gdn2", "gdp")}
+        | {"cudnn@gdn_frost:gdn", "cudnn@gdn_cutile:gdn", "cudnn@kda_frost:kda", "cudnn@kda_cutile:kda",
+           "cudnn@kda_hopper:kda", "cudnn@kda_hopper_cuda:kda", "cudnn@gdn2_frost:gdn2", "cudnn@gdp_frost:gdp"}
         | {f"{b}:{o}" for b in ("fla", "fla-recurrent") for o in ("gdn", "kda", "gdn2")}
         | {f"{b}:{o}" for b in ("te", "te-checkpoint") for o in ("gdn", "gdn2", "gdp")})
     for d in report["pairs"].values():

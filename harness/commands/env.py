@@ -19,6 +19,8 @@ _PACKAGE_ROWS = (
     ("cuda-tile", "cuda_tile", "cuda.tile"),
     ("tileiras", "tileiras", None),
     ("  nvidia-cuda-tileiras", "tileiras_dist", None),
+    ("  ptxas", "ptxas", None),
+    ("  libnvvm", "libnvvm", None),
     ("fla-core", "fla", "fla"),
     ("triton", "triton", "triton"),
     ("transformer-engine", "transformer_engine", "transformer_engine"),
@@ -90,8 +92,21 @@ def format_env(report: dict) -> str:
         if mod is not None and v.get(key):
             extra = "importable" if env.importable.get(mod) else "NOT importable"
         if key == "tileiras" and env.tools.get("tileiras"):
-            extra = env.tools["tileiras"] + ("" if v.get("tileiras") else "  (does not run)")
+            how = env.tools.get("tileiras_via")
+            extra = env.tools["tileiras"] + ("" if v.get("tileiras") else "  (does not run)") + (
+                f"  (found via {how})" if how else "")
+        if key in ("ptxas", "libnvvm"):
+            if not env.tools.get("tileiras") or key not in env.tools:
+                continue  # no tileiras, or an Env from before the toolchain probe
+            extra = f"{env.tools[key]}  (what tileiras uses)" if env.tools.get(key) else "(absent where tileiras looks)"
         lines.append(f"  {label:<24}{ver:<12}{extra}".rstrip())
+        if key == "libnvvm" and env.tools.get("cuda_home"):
+            lines.append(f"  {'  CUDA_HOME':<24}{env.tools['cuda_home']}  (passed to tileiras: it takes ptxas and libnvvm "
+                         "from there)")
+    if "nvrtc_include" in env.tools:  # FE's NVRTC engines (kda_hopper_cuda) compile against it
+        inc, missing = env.tools.get("nvrtc_include"), env.tools.get("nvrtc_include_missing")
+        lines.append(f"  {'NVRTC include tree':<24}{inc or '(none with cuda_bf16.h)'}"
+                     + (f"  (lacks {missing})" if missing else ""))
     for k, msg in env.probe_errors.items():
         lines.append(f"  ! probe {k}: {msg}")
     lines += ["", "pairs (our floors; each library still decides per case)"]

@@ -316,7 +316,8 @@ def add_cli(sub) -> None:
                        epilog=REQUIRED_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(p)
     p.add_argument("--backend", action="append",
-                   help="backend name (cudnn, fla, fla-recurrent, te, te-checkpoint, oracle, chunked, baseline) or pkg.mod:attr "
+                   help="backend name (cudnn, cudnn@<engine> e.g. cudnn@gdn_cutile, fla, fla-recurrent, te, te-checkpoint, oracle, "
+                        "chunked, baseline) or pkg.mod:attr "
                         "(repeatable; default: cudnn and fla)")
     p.add_argument("--report", action="store_true", help="render the reports into the run directory afterwards")
     p.set_defaults(func=cmd_run)

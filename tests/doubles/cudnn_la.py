@@ -14,7 +14,13 @@ What it pins (from the FE 1.32 sources, see docs/libraries.md):
 - ``check_dtype`` rules (TypeError): g fp32/bf16/fp16; GDN/KDA beta fp32 or io; GDN2 beta and w io;
   a_log/dt_bias fp32/bf16/fp16; states fp32/bf16/fp16; ValueErrors for flag misuse;
 - refusal through ``cudnnGraphNotSupportedError`` (fp32 io, unknown ``plan_name``, and whatever the
-  test's ``decline`` hook says), and a first-call error hook (the missing-``tileiras`` case).
+  test's ``decline`` hook says), and a first-call error hook (the missing-``tileiras`` case);
+- engines: ``plan_name`` is a strict pin (ops/common.py ``select_plan``: a plan not offered raises
+  "no X plan for this graph (offered: [...])"; a pinned engine that declines raises, no fallback); default routing
+  walks the offered plans in ``order`` (FE: slot order, KDA on SM90 kda_hopper_cuda then kda_hopper first) and
+  takes the first that does not decline (``engine_decline``); the graph is executed through
+  ``ops.<op>.execute_graph(graph, ...)`` (looked up at call time, as FE's op modules do) with
+  ``graph.selected_engine.name`` naming the engine that served.
 
 Results come back in fp64 (see the package docstring) unless ``exact=False``, which rounds like the
 kernels (o in the io dtype, state in the state dtype).
@@ -79,18 +85,39 @@ def _check_gdp_rows(total: int, n: int, k, v, beta, g) -> None:
                              f"got rank {t.dim()}")
 
 
-def make(*, decline=None, backward_decline=None, first_call_error=None, exact=True, version=VERSION):
+class _Engine:
+    def __init__(self, name: str):
+        self.name = name
+
+
+class _Graph:
+    """The little of FE's pygraph the adapter reads: ``selected_engine`` (None would mean the C++ backend)."""
+
+    def __init__(self, engine: str | None):
+        self.selected_engine = None if engine is None else _Engine(engine)
+
+
+def _execute_graph(graph, variant_pack=None, workspace=None, handle=None):
+    """FE's ops/common.py execute_graph; the double has already computed the answer."""
+
+
+def make(*, decline=None, backward_decline=None, first_call_error=None, exact=True, version=VERSION,
+         engine_decline=None, order=None):
     """A fresh double module.
 
     ``decline(fn_name, call) -> str | None``: a reason makes planning raise cudnnGraphNotSupportedError;
     ``call`` is a dict of every argument. ``backward_decline`` likewise, raised when the backward runs
     (a forward-only plan). ``first_call_error``: raised once, by the first call (an uncompiled engine).
     ``mod.calls`` records each call's arguments, for tests that inspect what the adapter passed.
+    ``engine_decline(engine, fn_name, call) -> str | None``: one engine's refusal (a pin to it raises; default
+    routing moves on to the next engine of ``order``, ``{fn_name: (engine, ...)}``, default PLANS order).
     """
     mod = types.ModuleType("cudnn_linear_attention_double")
     mod.__version__ = version
     mod.cudnnGraphNotSupportedError = cudnnGraphNotSupportedError
     mod.calls = []
+    mod.ops = types.SimpleNamespace(**{op: types.SimpleNamespace(execute_graph=_execute_graph)
+                                       for op in ("gdn", "kda", "gdn2", "gdp")})
     pending_error = [first_call_error]
 
     def run(fn, op, q, k, v, g, beta, w, cu_seqlens, call):
@@ -153,13 +180,23 @@ def make(*, decline=None, backward_decline=None, first_call_error=None, exact=Tr
         # Planning: the engines' refusals.
         plans = PLANS[fn]
         plan_name = call["plan_name"]
-        if plan_name is not None and plan_name not in plans:
+        if plan_name is not None and plan_name not in plans:  # an engine of another op
             raise cudnnGraphNotSupportedError(f"no {plan_name} plan for this graph (offered: {list(plans)})")
         if q.dtype not in (torch.bfloat16, torch.float16):
             raise _no_plan(f"{plans[0]}: io dtype must be bf16 or fp16, got {q.dtype}")
         reason = decline(fn, call) if decline is not None else None
         if reason:
             raise _no_plan(reason)
+        # Planning proposes only the engines whose check_support passes; a pin picks among those.
+        why = {e: engine_decline(e, fn, call) if engine_decline is not None else None for e in plans}
+        offered = [e for e in (order or {}).get(fn, plans) if not why.get(e)]
+        if plan_name is not None and plan_name not in offered:
+            raise cudnnGraphNotSupportedError(f"no {plan_name} plan for this graph (offered: {offered})")
+        if not offered:
+            raise _no_plan("; ".join(f"{e}: {w}" for e, w in why.items()))
+        engine = plan_name or offered[0]
+        ops = getattr(mod, "ops", None)  # a test may take it away (an FE of another layout)
+        (getattr(ops, op).execute_graph if ops is not None else _execute_graph)(_Graph(engine), {}, None, None)
 
         kwargs = dict(  # noqa: C408 - mirrors the keyword call it feeds
             scale=call["scale"], initial_state=state, output_final_state=True,

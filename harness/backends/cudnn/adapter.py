@@ -18,6 +18,12 @@ What this file does, in the order a call goes through it:
 of the case (and runs its backward when the case needs it) and turns ``cudnnGraphNotSupportedError`` —
 whose message lists every engine's reason — into a decline. Decisions are cached per configuration.
 
+Which engine served: each op module (``cudnn.linear_attention.ops.<op>``) runs its cached graph through its own
+``execute_graph(graph, ...)``; the adapter wraps that name once per module (``_watch``) and reads
+``graph.selected_engine.name`` (FE's public "which python engine serves the selected plan"; None means the cuDNN
+C++ backend) on every execution. ``served()`` gives the forward's engine to the runner, which records it as the
+forward result's ``engine`` metric (so compare/release can say which engine changed).
+
 Importing this module never imports cuDNN: that happens on the first ``check``/``run``. Our floors and the
 entry points live beside it, in ``facts.py``.
 """
@@ -130,6 +136,38 @@ def _conform(op: str, tensors: dict, io: torch.dtype) -> tuple[dict, list[str]]:
     return out, notes
 
 
+# The engines each wrapped execute_graph saw, oldest first (one list per process: every CudnnBackend reads it).
+_SEEN: list[str] = []
+
+
+def _engine_of(graph) -> str:
+    try:
+        engine = graph.selected_engine
+    except Exception as exc:  # noqa: BLE001 - a graph that cannot say is recorded as such, never raised
+        return f"unknown ({type(exc).__name__}: {exc})"
+    return "cudnn backend (C++ engine)" if engine is None else str(getattr(engine, "name", engine))
+
+
+def _watch(ops_module) -> bool:
+    """Wrap ``ops_module.execute_graph`` (once) so every execution appends its engine to ``_SEEN``; False when the
+    module has no such function (another FE layout: the engine goes unrecorded)."""
+    real = getattr(ops_module, "execute_graph", None)
+    if real is None:
+        return False
+    if getattr(real, "_deltacheck_watch", False):
+        return True
+
+    def execute_graph(graph, *args, **kwargs):
+        _SEEN.append(_engine_of(graph))
+        result = real(graph, *args, **kwargs)
+        _SEEN[-1] = _engine_of(graph)  # a lazily built graph may only now have walked to its engine
+        return result
+
+    execute_graph._deltacheck_watch = True
+    ops_module.execute_graph = execute_graph
+    return True
+
+
 def _short(dtype: torch.dtype) -> str:
     return {_F32: "fp32", _BF16: "bf16", _F16: "fp16", torch.float64: "fp64"}.get(dtype, str(dtype))
 
@@ -156,11 +194,18 @@ class CudnnBackend:
         self.plan_name = plan_name if plan_name is not None else (os.environ.get(PLAN_ENV) or None)
         self.device = device
         self._probe_cache: dict[tuple, Verdict] = {}
+        self._served: str | None = None
 
     # ------------------------------------------------------------------ the library
     def _import(self, name: str):
-        """``name`` through the importer; the top-level package too (its version, its decline error)."""
+        """``name`` through the importer; the top-level package too (its version, its decline error). The compile
+        caches FE's engines keep (cuda.tile's cubins, the NVRTC cubins of kda_hopper_cuda and kda_cake) go under
+        deltacheck's cache directory unless the user chose otherwise (docs/ci.md: keep it between CI runs)."""
         if self._module is None:
+            from deltacheck.harness.cachedir import cache_root
+
+            os.environ.setdefault("CUDA_TILE_CACHE_DIR", str(cache_root() / "cutile"))
+            os.environ.setdefault("CUDNN_FRONTEND_CAKE_CACHE_DIR", str(cache_root() / "cudnn_frontend"))
             package = self._importer(name.split(".")[0])
             self._module = self._importer(name)
             self._package = package
@@ -222,8 +267,21 @@ class CudnnBackend:
         if self.plan_name:
             kwargs["plan_name"] = self.plan_name
 
-        o, final_state = op(*args, **kwargs)
+        watched = _watch(getattr(getattr(self._module, "ops", None), case.op, None))
+        start = len(_SEEN)
+        self._served = None
+        try:
+            o, final_state = op(*args, **kwargs)
+        finally:
+            seen = _SEEN[start:]
+            del _SEEN[:]
+            self._served = seen[0] if seen else ("not recorded (no execute_graph seen)" if watched else
+                                                 "not recorded (this FE has no ops.<op>.execute_graph)")
         return _from_thd(o, layout, case.N), _state_from_cudnn(final_state), notes
+
+    def served(self) -> dict:
+        """The engine that served the last forward call (``graph.selected_engine.name``), as result metrics."""
+        return {} if self._served is None else {"engine": self._served}
 
     def run(self, case, inputs: dict):
         out, final_state, _ = self._call(case, inputs)
@@ -291,7 +349,8 @@ class CudnnBackend:
                               f"{plan}: {exc} (a packaging problem of this version: reinstall, or use another)")
         except Exception as exc:  # noqa: BLE001
             if _looks_like_compile_error(exc):
-                return Verdict.no(f"cuDNN engine failed to compile its kernel{plan}: {type(exc).__name__}: {exc}")
+                engine = f" ({self._served})" if self._served and not self._served.startswith("not recorded") else ""
+                return Verdict.no(f"cuDNN engine{engine} failed to compile its kernel{plan}: {type(exc).__name__}: {exc}")
             # Anything else is not a decline: let the run itself raise it, so it is reported as an error.
             return Verdict.ok(f"probe call raised {type(exc).__name__}: {exc}; the run will report it")
         if not case.backward:
@@ -312,3 +371,29 @@ def _looks_like_compile_error(exc: Exception) -> bool:
     """cuda.tile / CuTe DSL compile failures (no common base class): judge by name and message."""
     text = f"{type(exc).__name__} {exc}".lower()
     return "tileiras" in text or "compil" in type(exc).__name__.lower()
+
+
+class CudnnEngineBackend(CudnnBackend):
+    """``cudnn@<engine>``: one cuDNN engine, pinned (``plan_name=<engine>``: a strict pin, so a case the engine
+    declines is a decline listing the plans offered, never another engine's answer). Its floors and envelope are
+    that engine's alone (facts.engine_verdict, facts.engine_envelopes); ``DELTACHECK_CUDNN_PLAN`` does not apply."""
+
+    def __init__(self, engine: str, module=None, **kwargs):
+        if engine not in facts.ENGINES:
+            raise ValueError(f"unknown cuDNN engine {engine!r}; known: {', '.join(facts.ENGINES)}")
+        super().__init__(module, plan_name=engine, **kwargs)
+        self.engine = engine
+        self.name = facts.engine_backend(engine)
+        self.ops = frozenset({facts.ENGINES[engine]})
+
+    def pair_verdict(self, op: str, env) -> Verdict:
+        if op not in self.ops:
+            return Verdict.no(f"{self.name} serves {facts.ENGINES[self.engine]} only, not {op!r}")
+        return facts.engine_verdict(self.engine, env)
+
+    def envelopes(self, op: str, env=None, sm: int | None = None):
+        if op not in self.ops:
+            return []
+        if env is not None:
+            return facts.engine_envelopes(self.engine, env.sm, facts.runtimes(env)) if env.cuda else []
+        return facts.engine_envelopes(self.engine, sm, frozenset() if sm is not None else None)
