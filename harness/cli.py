@@ -71,10 +71,10 @@ def build_parser(command: str | None = None, *, every: bool = False) -> argparse
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = _command_of(argv)
-    if command not in ("report", "compare", "merge"):  # the others may import cuDNN: its leak report at exit
-        leaks.filter_at_exit()
-    parser = build_parser(command)
+    # Any command may have imported cuDNN by its exit (frontier, env, warmup, a report of a run in this process);
+    # the filter costs nothing unless a nanobind extension is loaded then.
+    leaks.filter_at_exit()
+    parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
