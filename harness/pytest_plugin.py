@@ -129,7 +129,7 @@ def _worker_id(config) -> str | None:
 
 
 def _marker(name: str) -> str:
-    return "backend_" + name.replace("-", "_")
+    return "backend_" + name.replace("-", "_").replace("@", "_")  # cudnn@gdn_cutile -> backend_cudnn_gdn_cutile
 
 
 def _specs(config) -> list[str]:
