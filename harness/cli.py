@@ -26,8 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="deltacheck",
         description=(
             "Reference-vs-fused numerical verification for gated delta-rule linear attention "
-            "(GDN, KDA, GDN2): an fp64 reference, a generated case matrix, fused-kernel adapters "
-            "(cuDNN frontend, flash-linear-attention), an arch/runtime availability check with required mode, and reports."
+            "(GDN, KDA, GDN2, GDP): an fp64 reference, a generated case matrix, fused-kernel adapters "
+            "(cuDNN frontend, flash-linear-attention, TransformerEngine (TE)), an arch/runtime availability check "
+            "with required mode, and reports."
         ),
         epilog="Run `deltacheck COMMAND --help` for each command's options.",
     )
