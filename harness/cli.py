@@ -52,8 +52,8 @@ def build_parser(command: str | None = None, *, every: bool = False) -> argparse
         prog="deltacheck",
         description=(
             "Reference-vs-fused numerical verification for gated delta-rule linear attention "
-            "(GDN, KDA, GDN2 and GDP): an fp64 reference, a generated case matrix, fused-kernel adapters "
-            "(cuDNN frontend, flash-linear-attention, TransformerEngine, or your own), an arch/runtime "
+            "(GDN, KDA, GDN2, GDP): an fp64 reference, a generated case matrix, fused-kernel adapters "
+            "(cuDNN frontend, flash-linear-attention, TransformerEngine (TE), or your own), an arch/runtime "
             "availability check with required mode, and reports."
         ),
         epilog="Run `deltacheck COMMAND --help` for each command's options.",

@@ -35,19 +35,26 @@ class Progress:
 
     LOG_EVERY_S = 60.0
 
-    def __init__(self, total: int, stream=None):
+    def __init__(self, total: int, stream=None, will_run: int | None = None):
         stream = stream or sys.stderr  # looked up per run: a default bound at import would outlive a redirect
         self.total, self.stream, self.done, self.t0 = total, stream, 0, time.monotonic()
+        # The ETA is estimated over the tasks that will run: a task of a pair that cannot run here (declined
+        # before any case) or one a resumed run already judged costs ~nothing, not a reference task's time.
+        self.will_run = total if will_run is None else will_run
+        self.runnable_done, self.timed = 0, 0
         self.bar = stream.isatty() and not os.environ.get("CI")
         self.last_line = self.t0
         self.open = True
 
-    def update(self, label: str) -> None:
+    def update(self, label: str, *, runnable: bool = True, resumed: bool = False) -> None:
         self.done += 1
+        self.runnable_done += runnable
+        self.timed += runnable and not resumed
         now = time.monotonic()
         elapsed = now - self.t0
-        eta = elapsed / self.done * (self.total - self.done)
-        line = f"[{self.done}/{self.total}] {100 * self.done // max(self.total, 1)}% ETA {eta:5.0f}s  {label}"
+        left = max(0, self.will_run - self.runnable_done)
+        eta = f"{elapsed / self.timed * left:5.0f}s" if self.timed else ("    0s" if not left else "    ?")
+        line = f"[{self.done}/{self.total}] {100 * self.done // max(self.total, 1)}% ETA {eta}  {label}"
         if self.bar:
             self.stream.write("\r" + line[:120].ljust(120))
         elif now - self.last_line >= self.LOG_EVERY_S:
@@ -111,22 +118,28 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
     tasks = [(i, (case, spec)) for i, (case, spec) in enumerate((c, s) for c in cases for s in backend_specs)]
     tally = RequiredTally()
     statuses: Counter = Counter()
-    progress = Progress(len(tasks))
+    def runnable(case, spec) -> bool:
+        verdict = verdicts.get((spec, case.op))  # none: the backend does not implement the op (declined)
+        return verdict is not None and verdict.runnable
+
+    progress = Progress(len(tasks), will_run=sum(runnable(c, s) for _, (c, s) in tasks))
     by_index = dict(tasks)
     for case, spec in by_index.values():
         tally.select(spec, case)
+    resumed: set[int] = set()
 
     def on_done(i, summary):
         case, spec = by_index[i]
         statuses.update(summary["statuses"])
         tally.add(spec, case.op, summary, case.id)
-        progress.update(f"{spec} {case.id}")
+        progress.update(f"{spec} {case.id}", runnable=runnable(case, spec), resumed=i in resumed)
 
     finished_before = []
     for i, (case, spec) in tasks:
         held = already.get((case.id, spec), [])
         if held and set(checks_for(case)) <= {r.check for r in held}:
             finished_before.append(i)
+            resumed.add(i)
             on_done(i, task_summary(held))
     if finished_before:
         print(f"resuming {run_dir}: {len(finished_before)} of {len(tasks)} tasks were judged before; "

@@ -393,3 +393,12 @@ class Noting(Working):
 
     def check(self, case, env):
         return Verdict.ok("beta cast fp32 -> bf16, as the op demands (fake)")
+
+
+class DropsBetaGuard(Working):
+    """A wrapper that forgets to pass beta_guard on (the reference without the guard): tests/test_mutants.py."""
+
+    name = "drops-beta-guard"
+
+    def run(self, case, inputs):
+        return get_backend("oracle").run(case.replace(beta_guard=False), inputs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from caught import caught
@@ -546,3 +547,23 @@ def test_cudnn_gdn2_beta_guard_is_passed_and_dropping_it_is_caught(open_gate):
     double = cudnn_la.make()
     drop_flag(double, "gated_delta_net_v2", "beta_guard")
     assert fails(cudnn_adapter.CudnnBackend(double, device="cpu"), case)
+
+
+def test_reference_arguments_give_every_keyword_docs_backends_lists_and_the_guard_dtype():
+    """docs/backends.md's mapping from Case fields to the reference's keywords is what the helper gives."""
+    import torch
+
+    from deltacheck.cases import Case, make_inputs
+    from deltacheck.harness.backends.reference import reference_arguments
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "backends.md").read_text()
+    guard = Case.from_id("gdn2-bf16-thd-N3-T[0_65_130]-H2/2/2-K128-V128-trained-l2norm-guard-h0-cont[64]-bwd")
+    args, kwargs = reference_arguments(guard, make_inputs(guard))
+    assert len(args) == 7 and kwargs["beta_guard"] is True and kwargs["guard_dtype"] is torch.bfloat16
+    assert kwargs["gate_lower_bound"] == guard.support.gate_lower_bound and kwargs["state_layout"] == "vk"
+    for key in kwargs:
+        if key not in ("method", "a_log", "dt_bias"):
+            assert f"`{key}" in docs, f"docs/backends.md does not list the reference keyword {key}"
+    gdn = Case.from_id("gdn-bf16-thd-N4-T[0_1_64_65]-H2/2/2-K64-V64-typical-h0-cont[1_64]-bwd")
+    _, plain = reference_arguments(gdn, make_inputs(gdn))
+    assert "beta_guard" not in plain and "guard_dtype" not in plain and "gate_lower_bound" not in plain

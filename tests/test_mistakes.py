@@ -354,3 +354,59 @@ def test_nanobind_leak_warnings_at_exit_stay_out_of_the_terminal_in_every_comman
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not [line for line in LEAK_REPORT if line in proc.stdout + proc.stderr], proc.stderr
     assert proc.stderr.count(OTHER_LINES[0]) == 1 and proc.stderr.count(OTHER_LINES[1]) == 1, proc.stderr
+
+
+# --- --help: each command's own examples, every option explained, the top line naming every op and library -------
+
+
+def _help(capsys, *argv) -> str:
+    with pytest.raises(SystemExit) as exc:
+        cli_main([*argv, "--help"])
+    assert exc.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_verify_help_gives_verifys_own_examples(capsys):
+    text = _help(capsys, "verify")
+    examples = text.split("examples:", 1)[1]
+    lines = [line.strip() for line in examples.splitlines() if "deltacheck " in line]
+    assert lines and all("deltacheck verify" in line for line in lines), lines
+    assert "NVTE_GDN2_TEST_REQUIRED=1" in text  # required mode is explained as for run
+    assert "deltacheck verify" not in _help(capsys, "run").split("examples:", 1)[1]
+
+
+def test_every_warmup_option_has_help(capsys):
+    from deltacheck.harness.cli import build_parser
+
+    parser = build_parser(every=True)  # every command's real parser, not the lazy CLI's one-line stubs
+    warmup = parser._subparsers._group_actions[0].choices["warmup"]
+    bare = [a.option_strings for a in warmup._actions if a.option_strings and a.help in (None, "")]
+    assert not bare, f"warmup options without help: {bare}"
+
+
+def test_the_top_level_help_names_every_op_and_te(capsys):
+    text = " ".join(_help(capsys).split())
+    assert "(GDN, KDA, GDN2, GDP)" in text and "TransformerEngine (TE)" in text
+
+
+def test_the_eta_is_estimated_over_the_tasks_that_will_run(monkeypatch):
+    import io
+
+    from deltacheck.harness import execute as ex
+
+    clock = [0.0]
+    monkeypatch.setattr(ex.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(ex.Progress, "LOG_EVERY_S", 0.0)
+    out = io.StringIO()
+    progress = ex.Progress(12, stream=out, will_run=2)  # 10 tasks of a pair that cannot run here
+    clock[0] = 300.0
+    progress.update("a reference task", runnable=True)
+    assert "ETA   300s" in out.getvalue().splitlines()[-1]  # one more task will run: about 300 s, not 11 x 300
+    for n in range(10):
+        clock[0] += 0.01
+        progress.update(f"declined {n}", runnable=False)
+    assert "ETA   300s" in out.getvalue().splitlines()[-1], out.getvalue()
+    resumed = ex.Progress(3, stream=out, will_run=3)
+    clock[0] += 1.0
+    resumed.update("judged before", resumed=True)
+    assert "ETA     ?" in out.getvalue().splitlines()[-1]  # nothing timed yet: no made-up number

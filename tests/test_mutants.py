@@ -79,3 +79,24 @@ def test_other_bugs_are_not_misnamed(runner):
     others = [r.reason for m in MUTANTS if m.name in ("decay_after_erase", "w_ignored", "heads_tiled")
               for r in runner.run(CASES[0], m, f"mutant:{m.name}", Verdict.ok()) if r.status == "fail"]
     assert others and not any(w in reason for reason in others for _, w in NAMED.values()), others
+
+
+def test_a_wrapper_that_drops_beta_guard_fails_every_pinned_guard_case_clearly():
+    """The L0 cases pinned for GDN2's beta_guard separate guard from no guard by several times the limit, on the
+    output and on the final state (forward checks; the inputs do not depend on splits or the backward)."""
+    from fake_backends import DropsBetaGuard
+
+    from deltacheck.cases.matrix import _L0_PINNED
+    from deltacheck.harness.tiers import select
+
+    pinned = [Case.from_id(i) for i in _L0_PINNED if "-guard" in i]
+    assert len(pinned) >= 2 and all(c.id in {x.id for x in select(tier="L0")} for c in pinned)
+    runner = CaseRunner(RunOptions(device="cpu", reference="oracle", baseline=True))
+    for case in pinned:
+        quick = case.replace(backward=False, splits=())
+        results = {r.check: r for r in runner.run(quick, DropsBetaGuard(), "fake_backends:DropsBetaGuard",
+                                                  Verdict.ok())}
+        for check in ("forward", "state"):
+            r = results[check]
+            assert r.status == "fail" and r.metrics["headroom"] > 5, (case.id, check, r.metrics.get("headroom"))
+        assert all(r.status == "pass" for r in runner.run(quick, get_backend("oracle"), "oracle", Verdict.ok()))

@@ -46,6 +46,28 @@ def _op_args(case, inputs: dict) -> list:
     return args
 
 
+def reference_arguments(case, inputs: dict, *, compute_dtype: torch.dtype = torch.float64,
+                        method: str = "oracle") -> tuple[list, dict]:
+    """``(args, kwargs)`` with which ``getattr(deltacheck.reference, case.op)(*args, **kwargs)`` computes what the
+    harness compares a backend's ``run(case, inputs)`` against: every Case field mapped to the reference's
+    keyword (docs/backends.md has the table), ``beta_guard`` with its ``guard_dtype`` (the kernel's io dtype)
+    and the op's ``gate_lower_bound``. The state comes back value-major ``[N, HO, V, K]`` (``state_layout="vk"``,
+    cuDNN's, as ``initial_state`` arrives). A backend author can print these to see the exact call."""
+    kwargs = case.reference_kwargs()
+    kwargs.update(
+        initial_state=inputs.get("initial_state"),
+        a_log=inputs.get("a_log"),
+        dt_bias=inputs.get("dt_bias"),
+        output_final_state=True,
+        state_layout="vk",  # make_inputs gives cuDNN's value-major [N, HO, V, K]
+        method=method,
+        compute_dtype=compute_dtype,
+    )
+    if case.beta_guard:
+        kwargs["guard_dtype"] = _IO_DTYPES[case.io_dtype]  # the guard rounds to the kernel's io dtype
+    return _op_args(case, inputs), kwargs
+
+
 class ReferenceBackend:
     """One reference configuration: ``method`` ("oracle" / "chunked") and the compute precision.
 
@@ -93,19 +115,7 @@ class ReferenceBackend:
         # states, a_log, dt_bias as given): the fp64 references up-cast them (exact), the baseline does its gate and
         # flag math in fp32, as kernels do, and its recurrence in the io dtype.
         compute = _IO_DTYPES[case.io_dtype] if self.same_precision else torch.float64
-        kwargs = case.reference_kwargs()
-        kwargs.update(
-            initial_state=inputs.get("initial_state"),
-            a_log=inputs.get("a_log"),
-            dt_bias=inputs.get("dt_bias"),
-            output_final_state=True,
-            state_layout="vk",  # make_inputs gives cuDNN's value-major [N, HO, V, K]
-            method=method,
-            compute_dtype=compute,
-        )
-        args = _op_args(case, inputs)
-        if case.beta_guard:
-            kwargs["guard_dtype"] = _IO_DTYPES[case.io_dtype]  # the guard rounds to the kernel's io dtype
+        args, kwargs = reference_arguments(case, inputs, compute_dtype=compute, method=method)
         out, final_vk = getattr(reference, case.op)(*args, **kwargs)
         return out, layouts.state_convert(final_vk, "vk", "kv")
 

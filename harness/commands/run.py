@@ -295,18 +295,28 @@ def cmd_verify(args) -> int:
     return cmd_run(args)
 
 
-REQUIRED_EPILOG = """required mode (environment):
+REQUIRED_HELP = """required mode (environment):
   NVTE_GDN2_TEST_REQUIRED=1          cudnn:gdn2 must run
   NVTE_GDN_TEST_REQUIRED=1           cudnn:gdn must run
   DELTACHECK_REQUIRE=cudnn:kda,fla:gdn2
                                      these backend:op pairs must run
 A required pair that cannot run (package, op, runtime, version floor, GPU architecture), whose cases were
-all declined, or that executed zero cases fails the run with the reason and the fix.
+all declined, or that executed zero cases fails the run with the reason and the fix."""
+
+REQUIRED_EPILOG = REQUIRED_HELP + """
 
 examples:
   deltacheck run --backend cudnn --backend fla --tier L0 --report
   deltacheck run --case 'gdn2-bf16-thd-N3-T[0_63_200]-H4/4/4-K128-V128-steep-h0-cont[64]-bwd' --backend fla
   deltacheck run --backend mypkg.kernels:MyBackend --op gdn2 -k 'thd and bwd'"""
+
+VERIFY_EPILOG = REQUIRED_HELP + """
+
+examples:
+  deltacheck verify                              # tier L0: chunked reference + cuDNN / FLA where they run
+  deltacheck verify --tier L1 -j 4 --out ci-runs
+  NVTE_GDN2_TEST_REQUIRED=1 deltacheck verify    # fail unless cuDNN's GDN2 runs here
+  deltacheck verify --backend chunked --backend te --op gdn2"""
 
 
 def add_cli(sub) -> None:
@@ -323,7 +333,7 @@ def add_cli(sub) -> None:
     p.set_defaults(func=cmd_run)
 
     v = sub.add_parser("verify", help="the main job: reference self-check + available fused backends, with a report",
-                       epilog=REQUIRED_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=VERIFY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Runs the tier against the chunked reference (checked against the token "
                                    "oracle; above 2048 tokens the references swap roles, so neither is compared "
                                    "with itself) and cuDNN / FLA where this machine can run them; unavailable "

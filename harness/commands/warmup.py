@@ -53,10 +53,12 @@ def add_cli(sub) -> None:
                        description="Run a selection against fla on this GPU with autotuning, and write every "
                                    "autotune winner the workers held to the cache (or --output). Later runs with "
                                    "the same GPU model, Triton and FLA apply them: one compile per kernel and key.")
-    p.add_argument("--tier", default="L0", choices=TIERS)
-    p.add_argument("--op", action="append", choices=OPS)
-    p.add_argument("-k", dest="k", default=None, metavar="EXPR")
-    p.add_argument("-j", "--jobs", type=int, default=1, metavar="N")
+    p.add_argument("--tier", default="L0", choices=TIERS, help="the tier whose cases warm up (default L0)")
+    p.add_argument("--op", action="append", choices=OPS, help="only this op (repeatable; default: every op)")
+    p.add_argument("-k", dest="k", default=None, metavar="EXPR",
+                   help="only cases whose id matches this pytest-style -k expression (e.g. 'thd and bwd')")
+    p.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                   help="N worker processes side by side (default 1); each records the winners it autotuned")
     p.add_argument("--out", default="runs", help="root folder for the run directory (default ./runs)")
     p.add_argument("--output", metavar="FILE", help="where to write the winners (default: the deltacheck cache)")
     p.set_defaults(func=cmd_warmup)
