@@ -125,7 +125,8 @@ def _normalize(name: str, tensors, kwargs) -> tuple:
     for x, rank in ((k, 3), (v, 3), (g, None), (beta, 2)):
         if rank is not None and x.dim() == rank:
             if x.shape[0] != T * n:
-                raise ReferenceInputError(f"gdp: expanded sub-token tensors need T*n = {T * n} rows, got {list(x.shape)}")
+                raise ReferenceInputError(
+                    f"gdp: expanded sub-token tensors need T*n = {T * n} rows, got {list(x.shape)}")
             x = x.reshape(T, n, *x.shape[1:])
         out.append(x)
     return tuple(out)

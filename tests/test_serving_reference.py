@@ -269,8 +269,9 @@ def test_spec_verify_per_token_states_and_every_accepted_count(op):
     for accepted in range(k + 1):  # accepted drafts 0..k: num_accepted_tokens = accepted + 1
         acc = torch.full((N,), accepted + 1, dtype=torch.int32)
         picked = sv.picked_state(first.pool, table, acc)
-        _, prefix = direct(op, tensors, kw, [accepted + 1] * N, [h0[n:n + 1] for n in range(N)]) \
-            if accepted + 1 == T else (None, torch.stack([series[n][accepted + 1] for n in range(N)]))
+        prefix = torch.stack([  # one prefill over each sequence's accepted prefix
+            OPS[op](*seq(op, tensors, n * T, n * T + accepted + 1), cu([accepted + 1]), initial_state=h0[n:n + 1],
+                    output_final_state=True, **kw)[1][0] for n in range(N)])
         assert close(picked, prefix)
         if accepted:  # the first block instead of the accepted one is a different state
             assert not close(first.pool[table[:, 0].long()], prefix, tol=1e-6)
@@ -344,6 +345,16 @@ def test_compare_pool_catches_a_key_major_read_and_a_stray_write(bug):
         assert not cmp.ok and cmp.bad_rows == (1, 3) and cmp.changed_rows == ()
     else:
         assert not cmp.ok and cmp.bad_rows == () and cmp.changed_rows == (4,)
+
+
+def test_written_rows_and_the_key_major_pool_orientation():
+    assert sv.written_rows(torch.tensor([[0, 3], [-1, 2]]), sv.VLLM) == [3, 2]
+    assert sv.written_rows(torch.tensor([0, -1]), sv.SGLANG) == [0]
+    tensors, _ = make("gdn", 5, seed=17)
+    pool, idx = pool_of(4), torch.tensor([2, 0])
+    vk = sv.pooled("gdn", pool, idx, *tensors, cu_seqlens=cu([2, 3]))
+    kv = sv.pooled("gdn", pool.transpose(-1, -2).contiguous(), idx, *tensors, cu_seqlens=cu([2, 3]), state_layout="kv")
+    assert torch.equal(kv.pool.transpose(-1, -2), vk.pool) and torch.equal(kv.out, vk.out)
 
 
 def test_compare_pool_untouched_rows_are_bitwise():
