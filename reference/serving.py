@@ -76,7 +76,7 @@ def check_state_indices(indices, n_pool: int, null_slot=None, *, name: str = "st
     table = indices.tolist()
     lo = null_slot.first_real() if null_slot is not None else 0
     seen = {}
-    flat = table if indices.dim() == 1 else [x for row in table for x in row]
+    flat = indices.reshape(-1).tolist()
     positions = [tuple(p) for p in torch.ones_like(indices).nonzero().tolist()]
     for pos, idx in zip(positions, flat):
         if _is_null(null_slot, idx):
