@@ -241,7 +241,8 @@ def pytest_sessionfinish(session, exitstatus):
     if failures:
         state["failures"] = failures
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    elif _nothing_verified(state) and session.exitstatus == pytest.ExitCode.OK:
+    elif (_nothing_verified(state) and session.exitstatus == pytest.ExitCode.OK
+          and not config.getoption("collectonly")):
         # A session of matrix items only, none of which judged a check: as `deltacheck run` (harness/exitrule.py)
         # it exits 5, so a CI job whose fused libraries were all missing cannot read green. Other tests beside
         # the matrix (the project's own suite) keep pytest's verdict; the terminal summary says it either way.
@@ -331,7 +332,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if state["tally"].known_gone:
         terminalreporter.section("deltacheck known issues", sep="=", red=True, bold=True)
         terminalreporter.write_line(format_known_report(state["tally"].known_gone))
-    if state.get("matrix_items") and not sum(state["tally"].executed.values()):
+    if (state.get("matrix_items") and not sum(state["tally"].executed.values())
+            and not config.getoption("collectonly")):
         terminalreporter.section("deltacheck", sep="=", red=True, bold=True)
         exit_note = " (exit status 5)" if state.get("nothing_ran") else ""
         terminalreporter.write_line(f"NOTHING RAN: none of the {state['matrix_items']} matrix item(s) judged a check "

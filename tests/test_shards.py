@@ -217,12 +217,22 @@ def test_the_shards_runs_merged_are_the_unsharded_run_and_resume_as_it(tmp_path,
     assert judged(merged) == judged(whole), "resuming the finished merge ran nothing again"
 
 
+def shard_lacking_an_op() -> tuple[int, int, str]:
+    """(n, i, op): the fewest shards of the SMALL_K selection of which shard i holds no case of op (the tier's
+    cases may change; the situation under test must not)."""
+    cases = select("L0", k=SMALL_K)
+    for n in range(2, len(cases) + 1):
+        plan = shard_plan(cases, n)
+        for op in sorted({c.op for c in cases}):
+            for i, shard in enumerate(plan, 1):
+                if op not in {c.op for c in shard}:
+                    return n, i, op
+    raise AssertionError("no sharding of the selection leaves an op out of a shard")
+
+
 def test_a_shard_leaves_a_required_pair_it_has_no_case_of_to_the_other_shards(tmp_path, monkeypatch, capsys):
     selection = ["--tier", "L0", "-k", SMALL_K]
-    n = 3
-    plan = shard_plan(select("L0", k=SMALL_K), n)
-    op = "gdn"
-    i = next(i for i, s in enumerate(plan, 1) if op not in {c.op for c in s})  # a shard without gdn
+    n, i, op = shard_lacking_an_op()
     monkeypatch.setenv("DELTACHECK_REQUIRE", f"chunked:{op}")
     assert cli_main(["run", *selection, "--shard", f"{i}/{n}", "--out", str(tmp_path / "lacking"), *QUICK]) == 0
     assert f"has no case of required chunked:{op}: the other shards judge it" in capsys.readouterr().err
@@ -270,9 +280,7 @@ def test_a_malformed_dc_shard_is_a_usage_error():
 
 
 def test_a_pytest_shard_leaves_a_required_pair_it_has_no_case_of_to_the_other_shards():
-    n, op = 3, "gdn"
-    plan = shard_plan(select("L0", k=SMALL_K), n)
-    i = next(i for i, s in enumerate(plan, 1) if op not in {c.op for c in s})
+    n, i, op = shard_lacking_an_op()
     argv = [sys.executable, "-m", "pytest", str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider",
             "--dc-backend", "chunked", "--dc-reference", "oracle", "--dc-no-baseline", "--dc-k", SMALL_K]
     env = {**ENV, "DELTACHECK_REQUIRE": f"chunked:{op}"}

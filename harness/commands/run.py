@@ -193,7 +193,7 @@ def cmd_run(args) -> int:
     elsewhere = pairs_elsewhere(required, cases, selection)
     upfront = required_outside_selection(required, specs, cases, elsewhere)
     if upfront:  # known before the first task: fail now, in the words the end of the run would use
-        print(format_required_report(upfront), file=sys.stderr)
+        print(format_required_report(upfront))  # stdout, where the end of a run prints the same report
         return 1
     if elsewhere:
         print(f"deltacheck run: note: shard {args.shard} has no case of required "
