@@ -152,11 +152,8 @@ _L0_PINNED = (
     # ...and its backward kernel takes pre-normalized q/k and post-sigmoid beta: no l2norm, no sigmoid.
     "kda-bf16-thd-N3-T[1_64_200]-H2/2/2-K128-V128-steep-h0-cont[64]-bwd",
     "kda-bf16-bshd-N2-L129-H2/2/2-K128-V128-extreme-bwd",
-    # GDN2's beta_guard (cuDNN's erase safeguard, needs l2norm). Each must separate guard from no guard clearly:
-    # dropping the guard moves out / state by 1.50e-01 / 1.43e-01 here and 1.53e-01 / 1.91e-01 on the next
-    # (thresholds 2e-2 and 1e-2; tests/test_mutants.py). The mild-gate case this replaced moved out by only
-    # 2.7e-02 and its state by 2.1e-03: a wrapper that drops beta_guard passed its state check.
-    "gdn2-bf16-thd-N3-T[0_65_130]-H2/2/2-K128-V128-trained-l2norm-guard-h0-cont[64]-bwd",
+    # GDN2's beta_guard (cuDNN's erase safeguard, needs l2norm): mild gates leave it a small decay budget.
+    "gdn2-bf16-thd-N3-T[0_65_130]-H2/2/2-K128-V128-mild-l2norm-guard-h0-cont[64]-bwd",
     "gdn2-fp16-bshd-N2-L64-H2/2/4-K64-V64-zero-l2norm-sigmoid-guard-bwd",
 )
 

@@ -557,7 +557,7 @@ def test_reference_arguments_give_every_keyword_docs_backends_lists_and_the_guar
     from deltacheck.harness.backends.reference import reference_arguments
 
     docs = (Path(__file__).resolve().parent.parent / "docs" / "backends.md").read_text()
-    guard = Case.from_id("gdn2-bf16-thd-N3-T[0_65_130]-H2/2/2-K128-V128-trained-l2norm-guard-h0-cont[64]-bwd")
+    guard = Case.from_id("gdn2-bf16-thd-N3-T[0_65_130]-H2/2/2-K128-V128-mild-l2norm-guard-h0-cont[64]-bwd")
     args, kwargs = reference_arguments(guard, make_inputs(guard))
     assert len(args) == 7 and kwargs["beta_guard"] is True and kwargs["guard_dtype"] is torch.bfloat16
     assert kwargs["gate_lower_bound"] == guard.support.gate_lower_bound and kwargs["state_layout"] == "vk"
