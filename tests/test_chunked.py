@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from deltacheck import reference as R
 from deltacheck.reference import chunked as chunked_mod
-from deltacheck.reference import layouts
+from deltacheck.reference import chunked_intra, layouts
 from deltacheck.reference.chunked import chunked_gdn2
 from deltacheck.reference.oracle import token_oracle
 
@@ -298,6 +298,29 @@ def test_empty_and_single_token():
     empty = [t[:, :0] if t.dim() == 4 and i < 6 else t for i, t in enumerate(ins)]
     o, s = chunked_gdn2(*empty, 0.5)
     assert o.shape == (2, 0, 2, 5) and torch.equal(s, ins[6])
+
+
+# --- the forms chosen for CUDA, checked on the CPU ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunk_size,L", [(8, 37), (16, 50), (64, 130)])
+@pytest.mark.parametrize("widths", list(WIDTHS))
+def test_the_cuda_forms_are_exact_on_the_cpu(monkeypatch, widths, chunk_size, L):
+    """On CUDA the small levels take their blocks from grouped products and write the inverse's and the
+    backward's smallest products out as sums (``chunked_intra.cuda_shapes``). Forced on the CPU, at infinite and
+    -1000 decays: exact against the oracle, and the hand-written backward still autograd's."""
+    monkeypatch.setattr(chunked_intra, "cuda_shapes", lambda x: True)
+    kg, kb, vw = WIDTHS[widths]
+    ins = core_inputs(L=L, kg=kg, kb=kb, vw=vw, seed=L)  # -inf and -1e30 on 15 % of the decays each
+    g = ins[3][:, :2]
+    g[g > -1] = -1000.0
+    ref = core_run(token_oracle, ins)
+    got = core_run(chunked_gdn2, ins, chunk_size=chunk_size, segment_tokens=2 * chunk_size)
+    err, name = worst(got, ref)
+    assert err <= TOL64, f"{name}: {err:.2e}"
+    autograd = core_run(chunked_gdn2, ins, chunk_size=chunk_size, segment_tokens=2 * chunk_size, use_checkpoint=False)
+    err, name = worst(got, autograd)
+    assert err <= 1e-14, f"{name}: {err:.2e}"
 
 
 # --- the comparison can fail --------------------------------------------------------------------------
