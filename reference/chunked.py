@@ -44,7 +44,10 @@ segment's intra-chunk work is a fixed number of kernels (about 100) whatever its
 where autograd does not record: the hand-off runs in place in the buffer that holds Hh (slot c + 1 becomes
 chunk c's end state, one matmul per chunk and no copies), and the output is written over ``oi``. On CUDA the
 smallest levels' products take the forms cuBLAS runs fast (``chunked_intra.cuda_shapes``); the CPU keeps the
-batched matmuls, its faster form at those sizes.
+batched matmuls, its faster form at those sizes. ``graph_backward=True`` replays the backward's full segments
+from a CUDA graph (``_SegmentReplay``): the same kernels, bit for bit, without their launch cost; off by
+default, as it bought nothing measurable at N=4 T=4096 H=16 K=V=128 on an H200 (docs/ops.md) and holds
+static copies of a segment's inputs.
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ class _Plan:
     fwd_tokens: int  # forward segment length (a multiple of bwd_tokens)
     bwd_tokens: int  # backward segment length (a multiple of chunk)
     compile_intra: bool
+    graph_backward: bool  # replay the backward's segments from a CUDA graph (CUDA, two full segments or more)
 
 
 # --- optional torch.compile ------------------------------------------------------------------------
@@ -244,6 +248,104 @@ def _backward_segment(plan, ins, s_start, y, d_out):
     return list(intra_backward(z)), y  # z is consumed
 
 
+# --- backward segments replayed from a CUDA graph ----------------------------------------------------------
+
+
+class _SegmentReplay:
+    """The backward's full-length segments, all of one shape, replayed from one CUDA graph per backward. The
+    first segment runs eagerly on static copies of its inputs, on the side stream the capture will use (its
+    warm-up); the second captures the graph from the same code on the same buffers, then, like every later
+    one, copies its inputs into them and replays. The kernels and their inputs are those of the eager
+    segment, so the result is the same bit for bit; what goes is the launch cost of a segment's few hundred
+    kernels. A capture that fails warns once, and every backward of the process runs eagerly from then on."""
+
+    disabled = False  # set for the process after a failed capture
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.static = None
+        self.side = None
+        self.replay = None
+        self.failed = False
+
+    @staticmethod
+    def applies(x, n_full):
+        return x.is_cuda and n_full >= 2 and not _SegmentReplay.disabled
+
+    def _run(self):
+        return _backward_segment(self.plan, self.static[:6], *self.static[6:])
+
+    def __call__(self, ins, s_start, y, d_out):
+        """The segment's ``(d_chunks, y)``, as ``_backward_segment`` returns them (a replay's are the graph's
+        own buffers: use them before the next call)."""
+        args = (*ins, s_start, y, d_out)
+        if self.static is None:  # the first segment: the warm-up
+            self.static = [torch.empty_like(a, memory_format=torch.contiguous_format) for a in args]
+            for dst, src in zip(self.static, args):
+                dst.copy_(src)
+            self.side = _new_stream()
+            return _on_side_stream(self.side, self._run)
+        if self.replay is None:
+            try:
+                self.replay = _capture(self.side, self._run)
+            except Exception as e:  # noqa: BLE001 - eager is the same computation
+                warnings.warn(f"chunked_gdn2: CUDA graph capture of the backward failed ({type(e).__name__}: {e}); "
+                              "running eagerly", stacklevel=3)
+                _SegmentReplay.disabled = True
+                self.failed = True
+                return _backward_segment(self.plan, list(ins), s_start, y, d_out)
+        for dst, src in zip(self.static, args):
+            dst.copy_(src)
+        return self.replay()
+
+
+def _new_stream():
+    return torch.cuda.Stream()
+
+
+def _on_side_stream(side, fn):
+    """``fn()`` on stream ``side``, ordered after the current stream's work and before its later work."""
+    current = torch.cuda.current_stream()
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        out = fn()
+    current.wait_stream(side)
+    for t in _tensors(out):
+        t.record_stream(current)  # made on the side stream, used (and freed) on the current one
+    return out
+
+
+def _capture(side, fn):
+    """``fn`` captured into a CUDA graph on stream ``side`` (where it has run once): a callable that replays
+    it on the current stream and returns the capture's outputs."""
+    current = torch.cuda.current_stream()
+    side.wait_stream(current)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(side):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                captured = fn()
+            finally:
+                graph.capture_end()
+    finally:
+        current.wait_stream(side)
+
+    def replay():
+        graph.replay()
+        return captured
+
+    return replay
+
+
+def _tensors(x):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for item in x:
+            yield from _tensors(item)
+
+
 class _ChunkedCore(torch.autograd.Function):
     """The chunked core with a hand-written backward that recomputes one segment at a time."""
 
@@ -265,10 +367,15 @@ class _ChunkedCore(torch.autograd.Function):
         grads = [torch.empty(x.shape, dtype=x.dtype, device=x.device) if n else None for x, n in zip(ins, need)]
         y = d_state.reshape(N * H, K, V)
         starts = list(range(0, L, plan.bwd_tokens))
+        n_full = L // plan.bwd_tokens
+        replayer = _SegmentReplay(plan) if plan.graph_backward and _SegmentReplay.applies(q, n_full) else None
         for seg, t0 in reversed(list(enumerate(starts))):
             Ls = min(plan.bwd_tokens, L - t0)
             seg_ins = [x[:, t0 : t0 + Ls] for x in ins]
-            d_chunks, y = _backward_segment(plan, seg_ins, kept[seg], y, d_out[:, t0 : t0 + Ls])
+            if replayer is not None and not replayer.failed and Ls == plan.bwd_tokens:
+                d_chunks, y = replayer(seg_ins, kept[seg], y, d_out[:, t0 : t0 + Ls])
+            else:
+                d_chunks, y = _backward_segment(plan, seg_ins, kept[seg], y, d_out[:, t0 : t0 + Ls])
             for i, (grad, d) in enumerate(zip(grads, d_chunks)):
                 if grad is not None:
                     _from_chunks(d, grad[:, t0 : t0 + Ls], plan.q_scale if i == 0 else None)
@@ -294,6 +401,7 @@ def chunked_gdn2(
     segment_tokens: int | None = None,
     use_checkpoint: bool | None = None,
     compile_intra: bool = False,
+    graph_backward: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked gated delta rule; same shapes and semantics as ``token_oracle``.
 
@@ -309,7 +417,9 @@ def chunked_gdn2(
     autograd differentiate the forward as written, keeping every intermediate. ``compile_intra`` runs the
     forward's intra-chunk work (also recomputed by the backward) through ``torch.compile``, which fuses its
     elementwise passes; the first call of each shape compiles; where it cannot compile it warns once and
-    runs eagerly.
+    runs eagerly. ``graph_backward`` replays the hand-written backward's full-length segments from one CUDA
+    graph per backward (CUDA, two full segments or more; the same result bit for bit; a failed capture warns
+    once and runs eagerly from then on).
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size: expected >= 1, got {chunk_size}")
@@ -332,7 +442,7 @@ def chunked_gdn2(
     # fp64 applies the scale to the output, exactly; other dtypes scale q first, as a plain implementation
     exact = dtype == torch.float64
     plan = _Plan(None if exact else float(scale), float(scale) if exact else 1.0, chunk, fwd_tokens, bwd_tokens,
-                 bool(compile_intra))
+                 bool(compile_intra), bool(graph_backward))
     grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, g, b, w, h0))
     if grad and use_checkpoint is not False:
         return _ChunkedCore.apply(plan, q, k, v, g, b, w, h0)

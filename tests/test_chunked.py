@@ -300,7 +300,7 @@ def test_empty_and_single_token():
     assert o.shape == (2, 0, 2, 5) and torch.equal(s, ins[6])
 
 
-# --- the forms chosen for CUDA, checked on the CPU ----------------------------------------------------------
+# --- the forms chosen for CUDA, and the backward replayed from a CUDA graph, checked on the CPU ----------------
 
 
 @pytest.mark.parametrize("chunk_size,L", [(8, 37), (16, 50), (64, 130)])
@@ -322,6 +322,55 @@ def test_the_cuda_forms_are_exact_on_the_cpu(monkeypatch, widths, chunk_size, L)
     err, name = worst(got, autograd)
     assert err <= 1e-14, f"{name}: {err:.2e}"
 
+
+def _fake_graphs(monkeypatch, capture):
+    """Let the backward's segment replayer run on the CPU: no streams, ``capture`` in place of the CUDA graph."""
+    monkeypatch.setattr(chunked_mod._SegmentReplay, "disabled", False)
+    monkeypatch.setattr(chunked_mod._SegmentReplay, "applies", staticmethod(lambda x, n_full: n_full >= 2))
+    monkeypatch.setattr(chunked_mod, "_new_stream", lambda: None)
+    monkeypatch.setattr(chunked_mod, "_on_side_stream", lambda side, fn: fn())
+    monkeypatch.setattr(chunked_mod, "_capture", capture)
+
+
+def test_backward_replayed_from_a_graph_is_the_eager_backward(monkeypatch):
+    """Segments replayed from a (faked) graph: the first runs as the warm-up, the second is captured, the later
+    ones copy their inputs into the static buffers and overwrite the same outputs, the short last one runs
+    eagerly. The gradients are the eager backward's, bit for bit."""
+    captures = []
+
+    def capture(side, fn):
+        outs = fn()  # what a capture leaves: the buffers every replay writes
+        captures.append(outs)
+
+        def replay():
+            fresh = fn()
+            for dst, src in zip([*outs[0], outs[1]], [*fresh[0], fresh[1]]):
+                dst.copy_(src)
+            return outs
+
+        return replay
+
+    ins = core_inputs(L=45, inf=True)
+    want = core_run(chunked_gdn2, ins, chunk_size=8, segment_tokens=8)
+    _fake_graphs(monkeypatch, capture)
+    got = core_run(chunked_gdn2, ins, chunk_size=8, segment_tokens=8, graph_backward=True)
+    assert len(captures) == 1  # five full segments: one warm-up, one capture, three more replays
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+
+
+def test_a_failing_graph_capture_falls_back_to_eager(monkeypatch):
+    def capture(side, fn):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    ins = core_inputs(L=37, inf=False)
+    want = core_run(chunked_gdn2, ins, chunk_size=8, segment_tokens=8, graph_backward=False)
+    _fake_graphs(monkeypatch, capture)
+    with pytest.warns(UserWarning, match="CUDA graph capture of the backward failed"):
+        got = core_run(chunked_gdn2, ins, chunk_size=8, segment_tokens=8, graph_backward=True)
+    assert chunked_mod._SegmentReplay.disabled
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
 
 # --- the comparison can fail --------------------------------------------------------------------------
 
