@@ -3,10 +3,12 @@ extreme gates, for every op and flag, forward and every gradient."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import subprocess
 import sys
+import types
 import zlib
 from pathlib import Path
 
@@ -402,6 +404,34 @@ def test_bench_quick_runs():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for row in ("chunked fp64 fwd", "chunked fp64 fwd+bwd", "previous fp64 fwd+bwd", "oracle fp64 fwd"):
         assert row in proc.stdout, row
+    assert "fp64 GFLOP/s (of peak)" in proc.stdout and "counted on the meta device" in proc.stdout
+
+
+def _bench_common():
+    spec = importlib.util.spec_from_file_location("_bench_common_test", REPO / "bench" / "common.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_peaks_from_the_device_else_the_datasheet(monkeypatch):
+    """The peaks the benchmark divides by: an H200's own numbers (132 SMs x 1.98 GHz x 256 fp64 FLOP per clock
+    and SM; 3.201 GHz x 2 x 6016 bit / 8), else, where torch reports no clocks and nvidia-smi is not there,
+    the datasheet's, with its source."""
+    common = _bench_common()
+    h200 = dict(name="NVIDIA H200", major=9, minor=0, multi_processor_count=132)
+    clocks = dict(clock_rate=1980000, memory_clock_rate=3201000, memory_bus_width=6016)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(**h200, **clocks))
+    peaks = common.device_peaks(torch.device("cuda", 0))
+    assert peaks["fp64_flop_s"] == pytest.approx(66.9e12, rel=1e-3)
+    assert peaks["bytes_s"] == pytest.approx(4.814e12, rel=1e-3)
+    assert "132 SMs" in peaks["fp64_source"] and "6016 bit" in peaks["bytes_source"]
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(**h200))
+    monkeypatch.setattr(common, "_smi_max_sm_clock_hz", lambda index: None)
+    peaks = common.device_peaks(torch.device("cuda", 0))
+    assert (peaks["fp64_flop_s"], peaks["bytes_s"]) == (66.9e12, 4.8e12)
+    assert "datasheet" in peaks["fp64_source"] and "datasheet" in peaks["bytes_source"]
+    assert common.device_peaks(torch.device("cpu")) is None
 
 
 def test_gpu_size_memory_and_launches(tmp_path):
