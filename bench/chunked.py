@@ -1,21 +1,30 @@
-"""Benchmark of the chunked reference (issues 3 and 17), side by side with FLA's fused ``chunk_gdn2``.
+"""Benchmark of the chunked reference (issues 3, 17 and 28), side by side with FLA's fused ``chunk_gdn2``.
 
-    python bench/chunked.py [--device cuda|cpu] [--json OUT] [--quick] [--count] [--compile] [--no-previous]
-                            [--no-graph] [--threads N] [--N .. --T .. --H .. --K .. --V ..] [--profile]
+    python bench/chunked.py [--device cuda|cpu] [--json OUT] [--quick] [--count [--cuda-forms]] [--compile]
+                            [--graph-backward] [--no-previous] [--no-graph] [--no-rates] [--no-attainable]
+                            [--threads N] [--N .. --T .. --H .. --K .. --V ..] [--profile]
 
 On CUDA (default when available) it times, at N=4 T=4096 H=16 K=V=128 unless told otherwise: chunked fp64
 forward, chunked fp32 forward, chunked fp64 forward+backward, the same for the previous implementation
-(bench/chunked_previous.py, the reference before issue 17; ``--no-previous`` skips it), and, when ``fla``
-imports, FLA's bf16 ``chunk_gdn2`` forward and forward+backward. It prints medians (CUDA events, after
+(bench/chunked_previous.py, the reference before issue 28; ``--no-previous`` skips it), and, when ``fla``
+imports, FLA's bf16 ``chunk_gdn2`` forward and forward+backward (with the harness's recorded autotune winners
+for this GPU applied first, so FLA compiles one config per kernel). It prints medians (CUDA events, after
 warm-ups), the peak memory above what was allocated before (forward+backward: including the inputs'
-gradients, which it frees first), and the ratios to FLA against the targets (fwd <= 10x, fwd+bwd <= 15x,
-peak <= 3 GiB). ``--compile`` adds rows with ``compile_intra=True`` (torch.compile; falls back to eager with a
-warning where it cannot compile). Last, as a diagnostic, each forward replayed from a CUDA graph (the same
-kernels without the CPU's launch overhead; ``--no-graph`` skips it). On the CPU it runs a CPU-sized case and reports the speedup over the token
-oracle. ``--quick`` is a seconds-long CPU smoke run. ``--count`` runs nothing: it counts kernels, bytes
-moved and the peak of live tensors on the ``meta`` device at the size (default the GPU size), for the
-current and the previous implementation (bench/opcount.py). Nothing missing (FLA, CUDA, a compiler) and no
-failing variant stops the others: what could not run is printed with the reason.
+gradients, which it frees first), and the ratios to FLA against issue 28's targets (fwd <= 5x, fwd+bwd <= 7x,
+peak <= 3 GiB). Each fp64 row also gets its achieved FLOP/s and bytes/s (the flops and bytes of the same
+variant and mode counted on the meta device, over the median) and their fractions of the GPU's peaks, read
+from the device (SM count and clock, memory clock and bus width, times the architecture's fp64 rate per SM)
+or else taken from a datasheet table (bench/common.py), with what this GPU reaches on an fp64 matmul and a
+copy, measured (``--no-rates``, ``--no-attainable`` skip them). ``--compile`` adds rows with
+``compile_intra=True`` (torch.compile; falls back to eager with a warning where it cannot compile),
+``--graph-backward`` a forward+backward row with the backward's segments replayed from a CUDA graph. Last, as a
+diagnostic, each forward replayed from a CUDA graph (the same kernels without the CPU's launch overhead;
+``--no-graph`` skips it). On the CPU it runs a CPU-sized case and reports the speedup over the token oracle.
+``--quick`` is a seconds-long CPU smoke run. ``--count`` runs nothing: it counts kernels, bytes moved and the
+peak of live tensors on the ``meta`` device at the size (default the GPU size), for the current and the
+previous implementation (bench/opcount.py; ``--cuda-forms``: the forms the reference takes on CUDA). Nothing
+missing (FLA, CUDA, a compiler) and no failing variant stops the others: what could not run is printed with
+the reason.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import torch
 
 _HERE = Path(__file__).resolve().parent
 try:  # installed (editable) package
+    from deltacheck.reference import chunked_intra
     from deltacheck.reference.chunked import chunked_gdn2
     from deltacheck.reference.oracle import token_oracle
 except ImportError:  # a bare checkout: load the repository root as the package `deltacheck`
@@ -42,6 +52,7 @@ except ImportError:  # a bare checkout: load the repository root as the package 
     )
     sys.modules["deltacheck"] = _mod = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_mod)
+    from deltacheck.reference import chunked_intra
     from deltacheck.reference.chunked import chunked_gdn2
     from deltacheck.reference.oracle import token_oracle
 
@@ -49,6 +60,7 @@ except ImportError:  # a bare checkout: load the repository root as the package 
 def _load(name):
     spec = importlib.util.spec_from_file_location(f"_bench_{name}", _HERE / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -72,6 +84,9 @@ def variants(a, previous):
     if a.compile:
         out["chunked (compiled)"] = lambda *x: chunked_gdn2(
             *x, chunk_size=a.chunk, segment_tokens=st, use_checkpoint=ckpt, compile_intra=True)
+    if a.graph_backward:
+        out["chunked (graph backward)"] = lambda *x: chunked_gdn2(
+            *x, chunk_size=a.chunk, segment_tokens=st, use_checkpoint=ckpt, graph_backward=True)
     if previous is not None:
         out["previous"] = lambda *x: previous.chunked_gdn2(*x, chunk_size=a.chunk, segment_tokens=st,
                                                            use_checkpoint=ckpt)
@@ -99,13 +114,27 @@ def load_previous(a):
 # --- --count: kernels, bytes and peak on the meta device --------------------------------------------
 
 
-def count(a, size, variant_fns):
-    opcount = _load("opcount")
+def _meta_count(opcount, fn, size, mode, cuda_forms):
+    """Kernels, bytes, flops and peak of one fp64 ``mode`` ("fwd" / "fwd+bwd") of ``fn`` at ``size``, counted on
+    the meta device; ``cuda_forms``: with the forms the reference takes on CUDA (chunked_intra.cuda_shapes)."""
     N, T, H, K, V = (size[n] for n in "NTHKV")
     meta = [torch.empty(*s, dtype=torch.float64, device="meta")
             for s in ((N, T, H, K), (N, T, H, K), (N, T, H, V), (N, T, H, K), (N, T, H, K), (N, T, H, V), (N, H, K, V))]
     cot = (torch.empty(N, T, H, V, dtype=torch.float64, device="meta"),
            torch.empty(N, H, K, V, dtype=torch.float64, device="meta"))
+    real = chunked_intra.cuda_shapes
+    if cuda_forms:
+        chunked_intra.cuda_shapes = lambda x: True
+    try:
+        if mode == "fwd":
+            return opcount.count_forward(fn, meta, K**-0.5)
+        return opcount.count_forward_backward(fn, meta, cot, K**-0.5)
+    finally:
+        chunked_intra.cuda_shapes = real
+
+
+def count(a, size, variant_fns):
+    opcount = _load("opcount")
     results = {}
     print(f"{'counted on meta (fp64)':<34} {'kernels':>8} {'GB moved':>9} {'GFLOP':>7} {'peak GiB':>9}")
     print("-" * 71)
@@ -115,10 +144,7 @@ def count(a, size, variant_fns):
         for mode in ("fwd", "fwd+bwd"):
             row = f"{name} fp64 {mode}"
             try:
-                if mode == "fwd":
-                    r = opcount.count_forward(fn, meta, K**-0.5)
-                else:
-                    r = opcount.count_forward_backward(fn, meta, cot, K**-0.5)
+                r = _meta_count(opcount, fn, size, mode, a.cuda_forms)
             except Exception as e:  # noqa: BLE001 - one variant's failure keeps the others
                 results[row] = {"error": f"{type(e).__name__}: {e}"}
                 print(f"{row:<34} ERROR {results[row]['error']}")
@@ -128,6 +154,52 @@ def count(a, size, variant_fns):
             print(f"{row:<34} {r['kernels']:8d} {r['bytes'] / 1e9:9.1f} {r['flops'] / 1e9:7.1f} "
                   f"{r['peak_bytes'] / GiB:9.2f}{note}")
     return results
+
+
+# --- rates: achieved fp64 FLOP/s and bytes/s against the device's peaks ------------------------------------
+
+
+def limits(a, results, device):
+    """The device's peaks (bench/common.py: read from the device, else a datasheet) and, on CUDA, what it reaches
+    on an fp64 matmul and a copy, measured; printed at once, so that a run cut short still has them."""
+    peaks = results["peaks"] = common.device_peaks(device)
+    if device.type == "cuda" and not a.no_attainable:
+        try:
+            results["attainable"] = common.attainable(device)
+        except Exception as e:  # noqa: BLE001 - a diagnostic
+            results["attainable"] = {"error": f"{type(e).__name__}: {e}"}
+    common.print_limits(peaks, results.get("attainable"))
+
+
+def rate_row(results, name, size, cores, device, counted):
+    """Row ``name``'s achieved fp64 FLOP/s and bytes/s: the flops and bytes of the same variant and mode counted
+    on the meta device (with the forms the reference takes on this device; ``counted`` caches them) over its
+    median, and their fractions of the peaks. A one-line summary, or None for a row that has none."""
+    row = results["rows"].get(name, {})
+    parts = name.split(" fp64 ")
+    if "median_s" not in row or len(parts) != 2 or parts[0] not in cores or "compiled" in parts[0]:
+        return None
+    vname, mode = parts[0], parts[1].replace(" (CUDA graph)", "")
+    if (vname, mode) not in counted:
+        try:
+            counted[vname, mode] = _meta_count(_load("opcount"), cores[vname], size, mode,
+                                               device.type == "cuda" and vname.startswith("chunked"))
+        except Exception as e:  # noqa: BLE001 - a row without rates
+            counted[vname, mode] = {"error": f"{type(e).__name__}: {e}"}
+    c = counted[vname, mode]
+    if "error" in c:
+        row["rates_error"] = c["error"]
+        return f"rates: {c['error'][:100]}"
+    peaks = results.get("peaks") or {}
+    row["flops"], row["bytes"] = c["flops"], c["bytes"]
+    row["flop_s"], row["byte_s"] = c["flops"] / row["median_s"], c["bytes"] / row["median_s"]
+    row["flop_frac"] = row["flop_s"] / peaks["fp64_flop_s"] if "fp64_flop_s" in peaks else None
+    row["byte_frac"] = row["byte_s"] / peaks["bytes_s"] if "bytes_s" in peaks else None
+    line = f"{row['flop_s'] / 1e9:.1f} fp64 GFLOP/s"
+    line += f" ({row['flop_frac']:.1%} of peak)" if row["flop_frac"] is not None else ""
+    line += f", {row['byte_s'] / 1e9:.1f} GB/s counted"
+    line += f" ({row['byte_frac']:.1%} of peak)" if row["byte_frac"] is not None else ""
+    return line
 
 
 # --- the run -------------------------------------------------------------------------------------
@@ -147,6 +219,8 @@ def parse(argv):
     p.add_argument("--no-checkpoint", action="store_true",
                    help="use_checkpoint=False: autograd through the forward, every intermediate kept")
     p.add_argument("--compile", action="store_true", help="also time chunked_gdn2(compile_intra=True) (torch.compile)")
+    p.add_argument("--graph-backward", action="store_true",
+                   help="also time chunked_gdn2(graph_backward=True) (backward segments replayed from a CUDA graph)")
     p.add_argument("--no-previous", action="store_true", help="skip the previous implementation")
     p.add_argument("--no-graph", action="store_true",
                    help="skip the CUDA-graph rows (forward replayed without launch overhead, a diagnostic)")
@@ -155,6 +229,12 @@ def parse(argv):
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--no-fla", action="store_true", help="skip FLA even if importable")
     p.add_argument("--no-oracle", action="store_true", help="skip the token oracle (CPU)")
+    p.add_argument("--no-rates", action="store_true",
+                   help="skip the achieved FLOP/s and bytes/s (counted on the meta device) and the peaks")
+    p.add_argument("--no-attainable", action="store_true",
+                   help="skip measuring the attainable fp64 matmul rate and copy bandwidth (CUDA)")
+    p.add_argument("--cuda-forms", action="store_true",
+                   help="--count: count the forms the reference takes on CUDA (default: the CPU's)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads (CPU timings on a shared machine are steadier with 1)")
     return p.parse_args(argv)
@@ -216,6 +296,9 @@ def main(argv=None):
     ds64 = torch.randn(N, H, K, V, generator=gen, dtype=torch.float64).to(device)
     inputs64 = [x[n] for n in NAMES]
     rows = results["rows"]
+    counted = {}
+    if not a.no_rates:
+        limits(a, results, device)
 
     def record(name, fn, *, prepare=None, mem=True):
         started = time.monotonic()
@@ -235,6 +318,9 @@ def main(argv=None):
                                    else rows[name]["error"][:100])
               + (f"  peak +{peak / 2**30:.2f} GiB" if peak else "")
               + f"  ({time.monotonic() - started:.0f} s with warm-ups)", flush=True)
+        rate = None if a.no_rates else rate_row(results, name, size, cores, device, counted)
+        if rate:
+            print(f"  {'':<34} {rate}", flush=True)
 
     def graph_row(name, fn):
         """``fn`` replayed from a CUDA graph: the forward's time without launch overhead (a diagnostic)."""
@@ -253,7 +339,8 @@ def main(argv=None):
     outputs = {}
     for vname, core in cores.items():
         with torch.no_grad():
-            record(f"{vname} fp64 fwd", lambda core=core: core(*inputs64, scale))
+            if "graph backward" not in vname:  # its forward is the chunked one
+                record(f"{vname} fp64 fwd", lambda core=core: core(*inputs64, scale))
             if vname == "chunked":
                 in32 = [t.float() for t in inputs64]
                 record("chunked fp32 fwd", lambda core=core, in32=in32: core(*in32, scale))
@@ -299,7 +386,7 @@ def main(argv=None):
     # last: a capture that goes wrong must not take the other rows' numbers with it
     if device.type == "cuda" and not a.no_graph:
         for vname, core in cores.items():
-            if "compiled" not in vname:
+            if "compiled" not in vname and "graph backward" not in vname:
                 with torch.no_grad():
                     graph_row(f"{vname} fp64 fwd (CUDA graph)", lambda core=core: core(*inputs64, scale))
     table(results, device)
@@ -321,6 +408,7 @@ def fla(a, results, x, device, scale, record, do64, ds64, ref):
         q, k, v, g, b, w, h0 = ls
         return fla_fn(q, k, v, g, b, w, scale=scale, initial_state=h0, output_final_state=True, cu_seqlens=None)
 
+    results["fla"]["winners"] = apply_fla_winners()
     with torch.no_grad():
         record("fla bf16 fwd", lambda: call(bf))
     step, prepare = fwdbwd_closure(bf, call, lambda o, s: (do64.to(o.dtype), ds64.to(s.dtype)))
@@ -333,6 +421,23 @@ def fla(a, results, x, device, scale, record, do64, ds64, ref):
             results["accuracy"]["fla bf16 vs chunked fp64 (state)"] = rel_rms(fs, ref[1])
         except Exception as e:  # noqa: BLE001
             results["accuracy"]["fla"] = f"{type(e).__name__}: {e}"
+
+
+def apply_fla_winners():
+    """FLA's recorded autotune winners for this GPU x Triton x FLA (the harness's, harness/backends/fla/winners/),
+    so its first calls compile one config per kernel instead of autotuning all: how many were applied, or why
+    none. Only compile time: a winner is one of FLA's own configs."""
+    try:
+        import fla
+        import triton
+
+        from deltacheck.harness.backends.fla import winners
+
+        files = [f for f in winners.default_files(torch.cuda.get_device_name(), triton.__version__, fla.__version__)
+                 if f.is_file()]
+        return winners.apply(winners.merge_files(files)) if files else "no recorded winners for this GPU"
+    except Exception as e:  # noqa: BLE001 - FLA just autotunes
+        return f"not applied ({type(e).__name__}: {e})"
 
 
 def profile(core, inputs64, scale, device, do64, ds64):

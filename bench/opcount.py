@@ -34,7 +34,7 @@ _NO_KERNEL = {
 }
 # ops that allocate and write without reading their tensor argument
 _WRITE_ONLY = {"new_zeros", "new_ones", "new_full", "zeros_like", "ones_like", "full_like", "fill_", "zero_"}
-_MATMUL = {"bmm": (0, 1), "mm": (0, 1), "baddbmm": (1, 2), "addmm": (1, 2)}
+_MATMUL = {"bmm": (0, 1), "mm": (0, 1), "baddbmm": (1, 2), "baddbmm_": (1, 2), "addmm": (1, 2), "addmm_": (1, 2)}
 
 
 def _spanned_bytes(t: torch.Tensor) -> int:

@@ -41,7 +41,13 @@ Memory and speed: the sequence is processed in segments of whole chunks, sized f
 segment's working set stays bounded (the forward's segments are longer than the backward's, which hold
 more per token). On a GPU the work is bound by kernel launches and memory traffic more than by flops, so a
 segment's intra-chunk work is a fixed number of kernels (about 100) whatever its length, written in place
-where autograd does not record.
+where autograd does not record: the hand-off runs in place in the buffer that holds Hh (slot c + 1 becomes
+chunk c's end state, one matmul per chunk and no copies), and the output is written over ``oi``. On CUDA the
+smallest levels' products take the forms cuBLAS runs fast (``chunked_intra.cuda_shapes``); the CPU keeps the
+batched matmuls, its faster form at those sizes. ``graph_backward=True`` replays the backward's full segments
+from a CUDA graph (``_SegmentReplay``): the same kernels, bit for bit, without their launch cost; off by
+default, as it bought nothing measurable at N=4 T=4096 H=16 K=V=128 on an H200 (docs/ops.md) and holds
+static copies of a segment's inputs.
 """
 
 from __future__ import annotations
@@ -74,6 +80,7 @@ class _Plan:
     fwd_tokens: int  # forward segment length (a multiple of bwd_tokens)
     bwd_tokens: int  # backward segment length (a multiple of chunk)
     compile_intra: bool
+    graph_backward: bool  # replay the backward's segments from a CUDA graph (CUDA, two full segments or more)
 
 
 # --- optional torch.compile ------------------------------------------------------------------------
@@ -134,29 +141,31 @@ def _from_chunks(src, dst, scale=None):
 
 def _states(p, hh, s):
     """The chunk-to-chunk hand-off ``S <- P S + Hh`` over ``p [nc, NH, K, K]``, ``hh [nc, NH, K, V]`` from
-    ``s [NH, K, V]``: every chunk's start state ``[nc, NH, K, V]`` and the end state."""
-    nc = p.shape[0]
-    if torch.is_grad_enabled():  # autograd needs every state it saved
-        starts = []
-        for c in range(nc):
-            starts.append(s)
-            s = torch.baddbmm(hh[c], p[c], s)
-        return torch.stack(starts), s
-    starts = s.new_empty(nc, *s.shape)
-    starts[0].copy_(s)
-    for c in range(nc - 1):
-        torch.baddbmm(hh[c], p[c], starts[c], out=starts[c + 1])
-    return starts, torch.baddbmm(hh[-1], p[-1], starts[-1])
+    ``s [NH, K, V]``, as autograd records it: every chunk's start state ``[nc, NH, K, V]`` and the end state."""
+    starts = []
+    for c in range(p.shape[0]):
+        starts.append(s)
+        s = torch.baddbmm(hh[c], p[c], s)
+    return torch.stack(starts), s
+
+
+def _run_states(p, states):
+    """The hand-off in place: ``states[c + 1] <- P_c states[c] + states[c + 1]`` for c = 0 .. n-1, where
+    ``states [n + 1, NH, K, V]`` holds the start state in slot 0 and ``Hh_c`` in slot c + 1. After it, slot c
+    is chunk c's start state and slot n the end state: no copies, one matmul per chunk."""
+    ps, ss = p.unbind(0), states.unbind(0)
+    for c, pc in enumerate(ps):
+        ss[c + 1].baddbmm_(pc, ss[c])
 
 
 # --- forward -----------------------------------------------------------------------------------------
 
-# The hand-off matrices of a segment's chunks (P, Hh, the start states and the output: seven
-# activation-sized tensors per chunk at K = V = 2C) are made and used a quarter of the chunks at a time.
+# The hand-off matrices of a segment's chunks (P, the states, at K = V = 2C four activation-sized tensors per
+# chunk) are made and used a quarter of the chunks at a time.
 HANDOFF_SLICES = 4
 
 
-def _forward(plan: _Plan, ins, h0, keep_every=None):
+def _forward(plan, ins, h0, keep_every=None):
     """``(o [N, L, H, V], S_L, kept)``; ``kept`` holds the start state of every ``keep_every``-token
     segment (for the backward)."""
     q, k, v = ins[:3]
@@ -167,6 +176,7 @@ def _forward(plan: _Plan, ins, h0, keep_every=None):
     s = h0.reshape(NH, K, V)
     kept = []
     fwd = _intra(intra_forward, plan)
+    recording = torch.is_grad_enabled()  # use_checkpoint=False: autograd needs every value it saved
     for t0 in range(0, L, plan.fwd_tokens):
         Ls = min(plan.fwd_tokens, L - t0)
         nc = -(-Ls // C)
@@ -174,22 +184,166 @@ def _forward(plan: _Plan, ins, h0, keep_every=None):
         step = -(-nc // HANDOFF_SLICES)
         for c0 in range(0, nc, step):
             c1 = min(nc, c0 + step)
-            rows = slice(c0 * NH, c1 * NH)
-            p, hh = handoff(z, rows)
-            s0, s = _states(p.view(c1 - c0, NH, K, K), hh.view(c1 - c0, NH, K, V), s)
-            del p, hh
+            n, rows = c1 - c0, slice(c0 * NH, c1 * NH)
+            if recording:
+                p, hh = handoff(z, rows)
+                s0, s = _states(p.view(n, NH, K, K), hh.view(n, NH, K, V), s)
+                del p, hh
+                o = torch.baddbmm(z.oi[rows], z.qe_m[rows], s0.view(-1, K, V), beta=plan.out_scale,
+                                  alpha=plan.out_scale)
+            else:
+                states = s.new_empty(n + 1, NH, K, V)
+                p, _ = handoff(z, rows, hh_out=states[1:].view(-1, K, V))
+                states[0].copy_(s)
+                _run_states(p.view(n, NH, K, K), states)
+                del p
+                s0, s = states[:n], states[n]
+                # the output in place of oi, which nothing reads afterwards
+                o = z.oi[rows].baddbmm_(z.qe_m[rows], s0.view(-1, K, V), beta=plan.out_scale, alpha=plan.out_scale)
             if keep_every is not None:
                 kept += [s0[c - c0].clone() for c in range(c0, c1) if (t0 + c * C) % keep_every == 0]
-            o = torch.baddbmm(z.oi[rows], z.qe_m[rows], s0.view(-1, K, V), beta=plan.out_scale,
-                              alpha=plan.out_scale)
             del s0
             _from_chunks(o, out[:, t0 + c0 * C : t0 + min(c1 * C, Ls)])
             del o
         del z
+    if not recording:
+        s = s.clone()  # not a view that keeps the last slice's states alive
     return out, s.view(N, H, K, V), kept
 
 
 # --- backward ----------------------------------------------------------------------------------------
+
+
+def _backward_segment(plan, ins, s_start, y, d_out):
+    """One backward segment ``ins [N, Ls, H, D]`` with its start state ``s_start`` and the gradient ``y`` of its
+    end state: its intra-chunk tensors recomputed, the states again, the state's gradient backwards through
+    the chunks, the intra-chunk backward. Returns the inputs' gradients in chunk layout and the gradient of the
+    start state ``[NH, K, V]``."""
+    q, k, v = ins[:3]
+    N, Ls, H, K = k.shape
+    V = v.shape[-1]
+    C, NH = plan.chunk, N * H
+    nc = -(-Ls // C)
+    z = _intra(intra_forward, plan)(*ins, C, torch.float64, keep=True, q_scale=plan.q_scale)
+    states = y.new_empty(nc + 1, NH, K, V)
+    p, _ = handoff(z, hh_out=states[1:].view(-1, K, V))
+    p = p.view(nc, NH, K, K)
+    states[0].copy_(s_start)
+    _run_states(p, states)
+    out_scale = plan.out_scale if plan.out_scale != 1.0 else None
+    do = to_chunks(d_out, C, out_scale)  # the gradient of oi + qe_m S0
+    # The state's gradient runs backwards: dS_c = P_c^T dS_(c+1) + Qe_m^T do_c, dS_nc = y (the end state's); in
+    # place, slot c of ``ds`` holding Qe_m^T do_c until it becomes dS_c.
+    ds = y.new_empty(nc + 1, NH, K, V)
+    torch.bmm(z.qe_m.transpose(1, 2), do, out=ds[:nc].view(-1, K, V))
+    z.qe_m = z.oi = None
+    ds[nc].copy_(y)
+    dss = ds.unbind(0)
+    for c in range(nc - 1, -1, -1):
+        dss[c].baddbmm_(p[c].transpose(1, 2), dss[c + 1])
+    y = dss[0].clone()
+    del p, dss
+    z.s0, z.y, z.do = states[:nc].view(-1, K, V), ds[1:].view(-1, K, V), do
+    del states, ds, do
+    return list(intra_backward(z)), y  # z is consumed
+
+
+# --- backward segments replayed from a CUDA graph ----------------------------------------------------------
+
+
+class _SegmentReplay:
+    """The backward's full-length segments, all of one shape, replayed from one CUDA graph per backward. The
+    first segment runs eagerly on static copies of its inputs, on the side stream the capture will use (its
+    warm-up); the second captures the graph from the same code on the same buffers, then, like every later
+    one, copies its inputs into them and replays. The kernels and their inputs are those of the eager
+    segment, so the result is the same bit for bit; what goes is the launch cost of a segment's few hundred
+    kernels. A capture that fails warns once, and every backward of the process runs eagerly from then on."""
+
+    disabled = False  # set for the process after a failed capture
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.static = None
+        self.side = None
+        self.replay = None
+        self.failed = False
+
+    @staticmethod
+    def applies(x, n_full):
+        return x.is_cuda and n_full >= 2 and not _SegmentReplay.disabled
+
+    def _run(self):
+        return _backward_segment(self.plan, self.static[:6], *self.static[6:])
+
+    def __call__(self, ins, s_start, y, d_out):
+        """The segment's ``(d_chunks, y)``, as ``_backward_segment`` returns them (a replay's are the graph's
+        own buffers: use them before the next call)."""
+        args = (*ins, s_start, y, d_out)
+        if self.static is None:  # the first segment: the warm-up
+            self.static = [torch.empty_like(a, memory_format=torch.contiguous_format) for a in args]
+            for dst, src in zip(self.static, args):
+                dst.copy_(src)
+            self.side = _new_stream()
+            return _on_side_stream(self.side, self._run)
+        if self.replay is None:
+            try:
+                self.replay = _capture(self.side, self._run)
+            except Exception as e:  # noqa: BLE001 - eager is the same computation
+                warnings.warn(f"chunked_gdn2: CUDA graph capture of the backward failed ({type(e).__name__}: {e}); "
+                              "running eagerly", stacklevel=3)
+                _SegmentReplay.disabled = True
+                self.failed = True
+                return _backward_segment(self.plan, list(ins), s_start, y, d_out)
+        for dst, src in zip(self.static, args):
+            dst.copy_(src)
+        return self.replay()
+
+
+def _new_stream():
+    return torch.cuda.Stream()
+
+
+def _on_side_stream(side, fn):
+    """``fn()`` on stream ``side``, ordered after the current stream's work and before its later work."""
+    current = torch.cuda.current_stream()
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        out = fn()
+    current.wait_stream(side)
+    for t in _tensors(out):
+        t.record_stream(current)  # made on the side stream, used (and freed) on the current one
+    return out
+
+
+def _capture(side, fn):
+    """``fn`` captured into a CUDA graph on stream ``side`` (where it has run once): a callable that replays
+    it on the current stream and returns the capture's outputs."""
+    current = torch.cuda.current_stream()
+    side.wait_stream(current)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(side):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                captured = fn()
+            finally:
+                graph.capture_end()
+    finally:
+        current.wait_stream(side)
+
+    def replay():
+        graph.replay()
+        return captured
+
+    return replay
+
+
+def _tensors(x):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for item in x:
+            yield from _tensors(item)
 
 
 class _ChunkedCore(torch.autograd.Function):
@@ -209,42 +363,24 @@ class _ChunkedCore(torch.autograd.Function):
         ins = (q, k, v, g, b, w)
         N, L, H, K = k.shape
         V = v.shape[-1]
-        C, NH = plan.chunk, N * H
         need = ctx.needs_input_grad[1:7]
         grads = [torch.empty(x.shape, dtype=x.dtype, device=x.device) if n else None for x, n in zip(ins, need)]
-        fwd = _intra(intra_forward, plan)
-        bwd = intra_backward  # eager: in place throughout (torch.compile covers the forward's intra-chunk work)
-        y = d_state.reshape(NH, K, V)
+        y = d_state.reshape(N * H, K, V)
         starts = list(range(0, L, plan.bwd_tokens))
+        n_full = L // plan.bwd_tokens
+        replayer = _SegmentReplay(plan) if plan.graph_backward and _SegmentReplay.applies(q, n_full) else None
         for seg, t0 in reversed(list(enumerate(starts))):
             Ls = min(plan.bwd_tokens, L - t0)
-            nc = -(-Ls // C)
-            z = fwd(*(x[:, t0 : t0 + Ls] for x in ins), C, torch.float64, keep=True, q_scale=plan.q_scale)
-            p, hh = handoff(z)
-            p = p.view(nc, NH, K, K)
-            s0, _ = _states(p, hh.view(nc, NH, K, V), kept[seg])
-            del hh
-            out_scale = plan.out_scale if plan.out_scale != 1.0 else None
-            do = to_chunks(d_out[:, t0 : t0 + Ls], C, out_scale)  # the gradient of oi + qe_m S0
-            # the state's gradient runs backwards: dS0 = P^T y + Qe_m^T do, y the gradient of the end state
-            zc = torch.bmm(z.qe_m.transpose(1, 2), do).view(nc, NH, K, V)
-            z.qe_m = z.oi = None
-            ys = y.new_empty(nc, NH, K, V)
-            ys[-1].copy_(y)
-            for c in range(nc - 1, 0, -1):
-                torch.baddbmm(zc[c], p[c].transpose(1, 2), ys[c], out=ys[c - 1])
-            y = torch.baddbmm(zc[0], p[0].transpose(1, 2), ys[0])
-            del zc, p
-            z.s0, z.y, z.do = s0.view(-1, K, V), ys.view(-1, K, V), do
-            del s0, ys, do
-            d_chunks = list(bwd(z))
-            del z
-            for i, grad in enumerate(grads):
-                d = d_chunks.pop(0)
+            seg_ins = [x[:, t0 : t0 + Ls] for x in ins]
+            if replayer is not None and not replayer.failed and Ls == plan.bwd_tokens:
+                d_chunks, y = replayer(seg_ins, kept[seg], y, d_out[:, t0 : t0 + Ls])
+            else:
+                d_chunks, y = _backward_segment(plan, seg_ins, kept[seg], y, d_out[:, t0 : t0 + Ls])
+            for i, (grad, d) in enumerate(zip(grads, d_chunks)):
                 if grad is not None:
                     _from_chunks(d, grad[:, t0 : t0 + Ls], plan.q_scale if i == 0 else None)
-                del d
-        dh0 = y.view(N, H, K, V) if ctx.needs_input_grad[7] else None
+            del d_chunks
+        dh0 = y.clone().view(N, H, K, V) if ctx.needs_input_grad[7] else None
         return (None, *grads, dh0)
 
 
@@ -265,6 +401,7 @@ def chunked_gdn2(
     segment_tokens: int | None = None,
     use_checkpoint: bool | None = None,
     compile_intra: bool = False,
+    graph_backward: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked gated delta rule; same shapes and semantics as ``token_oracle``.
 
@@ -280,7 +417,9 @@ def chunked_gdn2(
     autograd differentiate the forward as written, keeping every intermediate. ``compile_intra`` runs the
     forward's intra-chunk work (also recomputed by the backward) through ``torch.compile``, which fuses its
     elementwise passes; the first call of each shape compiles; where it cannot compile it warns once and
-    runs eagerly.
+    runs eagerly. ``graph_backward`` replays the hand-written backward's full-length segments from one CUDA
+    graph per backward (CUDA, two full segments or more; the same result bit for bit; a failed capture warns
+    once and runs eagerly from then on).
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size: expected >= 1, got {chunk_size}")
@@ -303,7 +442,7 @@ def chunked_gdn2(
     # fp64 applies the scale to the output, exactly; other dtypes scale q first, as a plain implementation
     exact = dtype == torch.float64
     plan = _Plan(None if exact else float(scale), float(scale) if exact else 1.0, chunk, fwd_tokens, bwd_tokens,
-                 bool(compile_intra))
+                 bool(compile_intra), bool(graph_backward))
     grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, g, b, w, h0))
     if grad and use_checkpoint is not False:
         return _ChunkedCore.apply(plan, q, k, v, g, b, w, h0)

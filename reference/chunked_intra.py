@@ -21,6 +21,16 @@ The forward is plain differentiable PyTorch (``chunked_gdn2(use_checkpoint=False
 through it, which is how the tests check :func:`intra_backward`); when autograd is not recording (and
 torch.compile is not tracing) it writes in place and into preallocated buffers: the same arithmetic with
 fewer passes over memory. The backward always runs in place.
+
+Every level's products are the same sums whatever form computes them. Batched matmuls are the plain form; on
+CUDA, where cuBLAS runs blocks of one to four rows and columns far below its speed on larger ones, the
+smallest levels instead read their blocks from one product per 16-token group (all rows against all columns:
+the rows hold ``kq * P_s`` and the columns ``k * Q_s`` everywhere, so a level's blocks are among the group's
+products), and the inverse's 2x2 and 4x4 products and the backward's two-term products are written out as
+broadcast products and sums (``cuda_shapes``; fp64 only: the other dtypes keep a plain implementation's
+matmuls). At s = 1, on every device and in every dtype, the inverse's products by T's unit diagonal are
+skipped and the backward's one-term products are outer products, bit for bit what the matmuls return; in fp64
+the backward's s = 1 sums are written out on the CPU too, where that form is the faster one as well.
 """
 
 from __future__ import annotations
@@ -122,6 +132,58 @@ def _next_level(tot, s):
     return ta, tb, ta * tb
 
 
+# The products of the levels. cuBLAS runs the batched matmuls of the smallest levels (a few rows and columns per
+# block, tens of thousands of blocks) far below its speed on larger blocks: measured on an H200 in fp64, a
+# [65536 x 4 x 128] @ [128 x 2] batch takes 0.5 ms where [4096 x 64 x 128] @ [128 x 32] takes 0.12 ms, and the
+# 2 x 2 products of the inverse's recursion 0.38 ms where the same sums written out take 0.05 ms.
+# On the CPU the batched matmuls are the faster form at these sizes: the written-out forms apply on CUDA only
+# (``cuda_shapes``; the tests force them on the CPU to check them).
+SMALL_INVERSE = 4  # levels s <= this form -T1 X T0 as broadcast products and sums (s = 1: -X, T0 = T1 = 1)
+GROUP_TOKENS = 16  # levels 1 < s < GROUP_TOKENS / 2 take their blocks from one product per group
+
+
+def cuda_shapes(x) -> bool:
+    """Whether to use the forms chosen for cuBLAS's speed on small blocks (see above)."""
+    return x.is_cuda
+
+
+def _level_blocks(rows, cols, s):
+    """The A and M blocks of level ``s`` from the scaled ``rows [B, C, 2, K]`` and ``cols [B, C, K]``:
+    ``[B, nb, s, 2, s]`` (row i of a second half, A|M, column j of the first half of each 2s-block)."""
+    B, C, _, K = rows.shape
+    nb = C // (2 * s)
+    W = min(GROUP_TOKENS, C)
+    if cuda_shapes(rows) and 1 < s < W // 2:
+        # every row against every column of its W-token group (all rows hold kq * P_s, all columns k * Q_s,
+        # so the level's blocks are among the products); a few times the flops, in a shape cuBLAS runs fast
+        G, nw = C // W, W // (2 * s)
+        full = torch.bmm(rows.reshape(B * G, 2 * W, K), cols.reshape(B * G, W, K).transpose(1, 2))
+        f = full.view(B, G, nw, 2, s, 2, nw, 2, s)[:, :, :, 1, :, :, :, 0]  # [B, G, nw, s, 2, nw, s]
+        return torch.diagonal(f, dim1=2, dim2=5).permute(0, 1, 5, 2, 3, 4).reshape(B, nb, s, 2, s)
+    rv, cv = _first_half(rows, s, 1), _first_half(cols, s)
+    return torch.bmm(rv.reshape(B * nb, 2 * s, K), cv.reshape(B * nb, s, K).transpose(1, 2)).view(B, nb, s, 2, s)
+
+
+def _inverse_block(t, xa, s, small):
+    """``-T1 X T0`` ``[B, nb, s, s]``: the off-diagonal block of each 2s-block of ``T = (I + A)^-1`` from ``xa``
+    (its A block, ``[B, nb, s, s]``) and ``t``'s diagonal s-blocks so far (``T0``, ``T1``). ``small``: the
+    written-out sums may replace the matmuls (fp64; another dtype keeps the matmuls of a plain implementation)."""
+    B, nb = xa.shape[:2]
+    if s == 1:  # T0 = T1 = 1 exactly: the matmuls would return -X bit for bit
+        return -xa
+    diag = torch.diagonal(t.view(B, 2 * nb, s, 2 * nb, s), dim1=1, dim2=3)  # [B, s, s, 2nb]
+    tdiag = diag.permute(0, 3, 1, 2).unflatten(1, (nb, 2))  # [B, nb, 2, s, s]
+    if not _in_place():  # autograd keeps what it multiplies, and t is written afterwards
+        tdiag = tdiag.contiguous()
+    t0, t1 = tdiag[:, :, 0], tdiag[:, :, 1]
+    if small and s <= SMALL_INVERSE and cuda_shapes(xa):
+        xt = (xa.unsqueeze(-1) * t0.unsqueeze(-3)).sum(-2)
+        return -(t1.unsqueeze(-1) * xt.unsqueeze(-3)).sum(-2)
+    t0, t1 = t0.reshape(B * nb, s, s), t1.reshape(B * nb, s, s)
+    xt = torch.bmm(xa.reshape(B * nb, s, s), t0)
+    return torch.baddbmm(xt, t1, xt, beta=0, alpha=-1).view(B, nb, s, s)
+
+
 # --- forward ---------------------------------------------------------------------------------------
 
 
@@ -137,6 +199,11 @@ def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False, q_scale=None)
     N, Ls, H, K = k.shape
     nc = -(-Ls // chunk)
     B, C = N * H * nc, chunk
+    scaled = k.dtype == gate_dtype
+    pre_scaled = scaled and fast and not keep  # kq will hold the rows of level 1 (kq * exp(g)) at once
+    # M's diagonal q_i . k_i: products rounded to the dtype, then summed (as a plain implementation; in fp64 as
+    # good as a matmul's dot). With pre_scaled, from the inputs, first, while nothing else is allocated.
+    qk = chunk_view((q * k).sum(-1, keepdim=True), C).reshape(B, C) if pre_scaled else None
     eg = to_chunks(g.to(gate_dtype), C, fn=torch.exp)  # [B, C, Kg] exp(g) <= 1
     Kg = eg.shape[-1]
     if keep or not fast:
@@ -147,7 +214,12 @@ def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False, q_scale=None)
         kq = k.new_empty(B, C, 2, K)
         kqv = kq.view(nc, N, H, C, 2, K)
         torch.mul(chunk_view(k, C), chunk_view(b, C), out=kqv[..., 0, :])
-        if q_scale is None:
+        if scaled:  # the rows of level 1, kq * exp(g), made here: q is read once
+            egv = eg.view(nc, N, H, C, Kg)
+            kqv[..., 0, :].mul_(egv)
+            torch.mul(chunk_view(q, C), egv, out=kqv[..., 1, :])
+            del egv
+        elif q_scale is None:
             kqv[..., 1, :].copy_(chunk_view(q, C))
         else:
             torch.mul(chunk_view(q, C), q_scale, out=kqv[..., 1, :])
@@ -156,45 +228,43 @@ def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False, q_scale=None)
         k = to_chunks(k, C)
         q = v = b = w = kqv = None
     cd = k.dtype
-    scaled = cd == gate_dtype
 
     # T and M side by side in one buffer [B, 2, C, C]; level 0 is their diagonal: T_ii = 1, M_ii = q_i . k_i.
     tm = k.new_zeros(B, 2, C, C)
     tm[:, 0].diagonal(dim1=1, dim2=2).fill_(1.0)
-    if scaled:
-        qk = torch.bmm(kq[:, :, 1].reshape(B * C, 1, K), k.reshape(B * C, K, 1)).view(B, C)
-    else:  # as a plain implementation: products rounded to the dtype, then summed
+    if qk is None:
         qk = (kq[:, :, 1] * k).sum(-1)
     tm[:, 1].diagonal(dim1=1, dim2=2).copy_(qk)
     del qk
     # Level 1: P_1 = exp(g) (rows), Q_1 = 1 (columns), T_1 = exp(g) (totals of 1-blocks). ``rows`` and
     # ``cols`` hold the scaled rows and columns (gate dtype) or the factors P and Q (any other dtype).
-    if scaled:
-        rows = kq.mul_(eg.unsqueeze(2)) if fast and not keep else kq * eg.unsqueeze(2)
+    if pre_scaled:
+        rows, cols = kq, k
+    elif scaled:
+        rows = kq * eg.unsqueeze(2)
         cols = k.clone() if keep or not fast else k
     else:
         rows, cols = eg.clone(), torch.ones_like(eg)
     tot = eg
+    if not keep:
+        eg = None  # tot holds it until level 2
     s = 1
     while s < C:
         nb = C // (2 * s)
-        # the A and M blocks of this level in one matmul: rows (i in a second half, A|M), columns j in a first half
+        # the A and M blocks of this level: rows (i in a second half, A|M), columns j in a first half
         if scaled:
-            rv, cv = _first_half(rows, s, 1), _first_half(cols, s)
+            x = _level_blocks(rows, cols, s)
         else:
             rv = _first_half(kq, s, 1) * _first_half(rows, s, 1).to(cd).unsqueeze(-2)
             cv = _first_half(k, s) * _first_half(cols, s).to(cd)
-        x = torch.bmm(rv.reshape(B * nb, 2 * s, K), cv.reshape(B * nb, s, K).transpose(1, 2)).view(B, nb, s, 2, s)
-        del rv, cv
+            x = torch.bmm(rv.reshape(B * nb, 2 * s, K), cv.reshape(B * nb, s, K).transpose(1, 2))
+            x = x.view(B, nb, s, 2, s)
+            del rv, cv
         # the inverse of [[L0, 0], [X, L1]] is [[T0, 0], [-T1 X T0, T1]], T0 and T1 the diagonal s-blocks so far
-        diag = torch.diagonal(tm[:, 0].view(B, 2 * nb, s, 2 * nb, s), dim1=1, dim2=3)  # [B, s, s, 2nb]
-        tdiag = diag.permute(0, 3, 1, 2).contiguous().view(B, nb, 2, s, s)
-        xt = torch.bmm(x[:, :, :, 0].reshape(B * nb, s, s), tdiag[:, :, 0].reshape(B * nb, s, s))
-        off = torch.baddbmm(xt, tdiag[:, :, 1].reshape(B * nb, s, s), xt, beta=0, alpha=-1)
-        del xt, tdiag, diag
+        off = _inverse_block(tm[:, 0], x[:, :, :, 0], s, small=scaled)
         # write this level's blocks (second half's rows, first half's columns) of T and M
         blocks = torch.diagonal(tm.view(B, 2, nb, 2 * s, nb, 2 * s), dim1=2, dim2=4)[:, :, s:, :s]  # [B, 2, s, s, nb]
-        blocks[:, 0].copy_(off.view(B, nb, s, s).permute(0, 2, 3, 1))
+        blocks[:, 0].copy_(off.permute(0, 2, 3, 1))
         blocks[:, 1].copy_(x[:, :, :, 1].permute(0, 2, 3, 1))
         del x, off, blocks
         # level 2s: second halves' rows gain the first half's total, first halves' columns the second half's
@@ -219,16 +289,17 @@ def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False, q_scale=None)
     del wv
     wt = torch.bmm(t, kbe)
     del t, kbe
-    qe_m = torch.baddbmm(qe, m, wt, alpha=-1)
+    # qe - M Wt, in place in qe's rows where nothing else reads them (kept: kbe, the other half, is left alone)
+    qe_m = qe.baddbmm_(m, wt, alpha=-1) if fast else torch.baddbmm(qe, m, wt, alpha=-1)
     del qe
     oi = torch.bmm(m, ut)
     del m, tm
     return Intra(oi, qe_m, kh=kh, ut=ut, wt=wt, e_total=e_total, **kept)
 
 
-def handoff(z: Intra, rows=slice(None)):
+def handoff(z: Intra, rows=slice(None), hh_out=None):
     """``(P, Hh)`` of the chunks ``rows`` of the batch: ``S_end = P S0 + Hh``, ``P = Diag(e_total) - kh^T Wt``
-    ``[n, K, K]`` and ``Hh = kh^T Ut`` ``[n, K, V]``."""
+    ``[n, K, K]`` and ``Hh = kh^T Ut`` ``[n, K, V]`` (written into ``hh_out`` when given)."""
     kht = z.kh[rows].transpose(1, 2)
     n, K = kht.shape[:2]
     if kht.dtype == torch.float64:  # the gate dtype: the diagonal added exactly afterwards
@@ -236,7 +307,9 @@ def handoff(z: Intra, rows=slice(None)):
         p.diagonal(dim1=1, dim2=2).add_(z.e_total[rows])
     else:  # the diagonal rounded once with the product, as a plain implementation
         p = torch.baddbmm(torch.diag_embed(z.e_total[rows].expand(n, K)), kht, z.wt[rows], alpha=-1)
-    return p, torch.bmm(kht, z.ut[rows])
+    if hh_out is None:
+        return p, torch.bmm(kht, z.ut[rows])
+    return p, torch.bmm(kht, z.ut[rows], out=hh_out)
 
 
 # --- backward --------------------------------------------------------------------------------------
@@ -245,6 +318,29 @@ def handoff(z: Intra, rows=slice(None)):
 def _sum_to(x, n):
     """Sum the last dim down to a broadcast singleton when the input was one."""
     return x.sum(-1, keepdim=True) if n == 1 and x.shape[-1] != 1 else x
+
+
+SMALL_GRADS = 2  # levels s <= this form the backward's block products as broadcast products and sums
+
+
+def _level_grads(dx, kc, rows, small):
+    """``(dx @ kc, dx^T @ rows)``: a level's gradients of its rows ``[n, 2s, K]`` and columns ``[n, s, K]``
+    from ``dx [n, 2s, s]``. At s <= SMALL_GRADS (fp64) as written-out sums: a matmul of one or two terms per
+    entry over tens of thousands of blocks is cuBLAS's slowest case (an H200 takes 0.18 ms for the
+    [16384 x 2 x 1] @ [1 x 128] batch of a 512-token segment)."""
+    s = dx.shape[-1]
+    small = small and (s == 1 or cuda_shapes(dx))  # s = 1 is the faster form on the CPU too
+    if s == 1:  # one term: the outer product, bit for bit what the matmul returns
+        dr = dx * kc
+    elif small and s <= SMALL_GRADS:
+        dr = (dx.unsqueeze(-1) * kc.unsqueeze(1)).sum(2)
+    else:
+        dr = torch.bmm(dx, kc)
+    if small and s <= SMALL_GRADS:
+        dkc = (dx.unsqueeze(-1) * rows.unsqueeze(2)).sum(1)
+    else:
+        dkc = torch.bmm(dx.transpose(1, 2), rows)
+    return dr, dkc
 
 
 def intra_backward(z: Intra):
@@ -324,8 +420,8 @@ def intra_backward(z: Intra):
         # this level's blocks of dA and dM: rows (i, A|M) of the second half, columns j of the first half
         dx = dam.as_strided((B, nb, s, 2, s), (2 * C * C, 4 * s * C + 2 * s, 2 * C, C, 1),
                             dam.storage_offset() + 2 * s * C).reshape(B * nb, 2 * s, s)
-        dr = torch.bmm(dx, kc.view(B * nb, s, K)).view(B, nb, s, 2, K)
-        dkc = torch.bmm(dx.transpose(1, 2), rows.view(B * nb, 2 * s, K)).view(B, nb, s, K)
+        dr, dkc = _level_grads(dx, kc.view(B * nb, s, K), rows.view(B * nb, 2 * s, K), small=cd == gd)
+        dr, dkc = dr.view(B, nb, s, 2, K), dkc.view(B, nb, s, K)
         del dx
         _first_half(dkq, s, 1).addcmul_(dr, e_row_cd)
         _first_half(dk, s).addcmul_(dkc, e_col_cd)

@@ -3,10 +3,12 @@ extreme gates, for every op and flag, forward and every gradient."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import subprocess
 import sys
+import types
 import zlib
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from deltacheck import reference as R
 from deltacheck.reference import chunked as chunked_mod
-from deltacheck.reference import layouts
+from deltacheck.reference import chunked_intra, layouts
 from deltacheck.reference.chunked import chunked_gdn2
 from deltacheck.reference.oracle import token_oracle
 
@@ -301,6 +303,78 @@ def test_empty_and_single_token():
     assert o.shape == (2, 0, 2, 5) and torch.equal(s, ins[6])
 
 
+# --- the forms chosen for CUDA, and the backward replayed from a CUDA graph, checked on the CPU ----------------
+
+
+@pytest.mark.parametrize("chunk_size,L", [(8, 37), (16, 50), (64, 130)])
+@pytest.mark.parametrize("widths", list(WIDTHS))
+def test_the_cuda_forms_are_exact_on_the_cpu(monkeypatch, widths, chunk_size, L):
+    """On CUDA the small levels take their blocks from grouped products and write the inverse's and the
+    backward's smallest products out as sums (``chunked_intra.cuda_shapes``). Forced on the CPU, at infinite and
+    -1000 decays: exact against the oracle, and the hand-written backward still autograd's."""
+    monkeypatch.setattr(chunked_intra, "cuda_shapes", lambda x: True)
+    kg, kb, vw = WIDTHS[widths]
+    ins = core_inputs(L=L, kg=kg, kb=kb, vw=vw, seed=L)  # -inf and -1e30 on 15 % of the decays each
+    g = ins[3][:, :2]
+    g[g > -1] = -1000.0
+    ref = core_run(token_oracle, ins)
+    got = core_run(chunked_gdn2, ins, chunk_size=chunk_size, segment_tokens=2 * chunk_size)
+    err, name = worst(got, ref)
+    assert err <= TOL64, f"{name}: {err:.2e}"
+    autograd = core_run(chunked_gdn2, ins, chunk_size=chunk_size, segment_tokens=2 * chunk_size, use_checkpoint=False)
+    err, name = worst(got, autograd)
+    assert err <= 1e-14, f"{name}: {err:.2e}"
+
+
+def _fake_graphs(monkeypatch, capture):
+    """Let the backward's segment replayer run on the CPU: no streams, ``capture`` in place of the CUDA graph."""
+    monkeypatch.setattr(chunked_mod._SegmentReplay, "disabled", False)
+    monkeypatch.setattr(chunked_mod._SegmentReplay, "applies", staticmethod(lambda x, n_full: n_full >= 2))
+    monkeypatch.setattr(chunked_mod, "_new_stream", lambda: None)
+    monkeypatch.setattr(chunked_mod, "_on_side_stream", lambda side, fn: fn())
+    monkeypatch.setattr(chunked_mod, "_capture", capture)
+
+
+def test_backward_replayed_from_a_graph_is_the_eager_backward(monkeypatch):
+    """Segments replayed from a (faked) graph: the first runs as the warm-up, the second is captured, the later
+    ones copy their inputs into the static buffers and overwrite the same outputs, the short last one runs
+    eagerly. The gradients are the eager backward's, bit for bit."""
+    captures = []
+
+    def capture(side, fn):
+        outs = fn()  # what a capture leaves: the buffers every replay writes
+        captures.append(outs)
+
+        def replay():
+            fresh = fn()
+            for dst, src in zip([*outs[0], outs[1]], [*fresh[0], fresh[1]]):
+                dst.copy_(src)
+            return outs
+
+        return replay
+
+    ins = core_inputs(L=45, inf=True)
+    want = core_run(chunked_gdn2, ins, chunk_size=8, segment_tokens=8)
+    _fake_graphs(monkeypatch, capture)
+    got = core_run(chunked_gdn2, ins, chunk_size=8, segment_tokens=8, graph_backward=True)
+    assert len(captures) == 1  # five full segments: one warm-up, one capture, three more replays
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+
+
+def test_a_failing_graph_capture_falls_back_to_eager(monkeypatch):
+    def capture(side, fn):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    ins = core_inputs(L=37, inf=False)
+    want = core_run(chunked_gdn2, ins, chunk_size=8, segment_tokens=8, graph_backward=False)
+    _fake_graphs(monkeypatch, capture)
+    with pytest.warns(UserWarning, match="CUDA graph capture of the backward failed"):
+        got = core_run(chunked_gdn2, ins, chunk_size=8, segment_tokens=8, graph_backward=True)
+    assert chunked_mod._SegmentReplay.disabled
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+
 # --- the comparison can fail --------------------------------------------------------------------------
 
 
@@ -331,6 +405,34 @@ def test_bench_quick_runs():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for row in ("chunked fp64 fwd", "chunked fp64 fwd+bwd", "previous fp64 fwd+bwd", "oracle fp64 fwd"):
         assert row in proc.stdout, row
+    assert "fp64 GFLOP/s (of peak)" in proc.stdout and "counted on the meta device" in proc.stdout
+
+
+def _bench_common():
+    spec = importlib.util.spec_from_file_location("_bench_common_test", REPO / "bench" / "common.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_peaks_from_the_device_else_the_datasheet(monkeypatch):
+    """The peaks the benchmark divides by: an H200's own numbers (132 SMs x 1.98 GHz x 256 fp64 FLOP per clock
+    and SM; 3.201 GHz x 2 x 6016 bit / 8), else, where torch reports no clocks and nvidia-smi is not there,
+    the datasheet's, with its source."""
+    common = _bench_common()
+    h200 = dict(name="NVIDIA H200", major=9, minor=0, multi_processor_count=132)
+    clocks = dict(clock_rate=1980000, memory_clock_rate=3201000, memory_bus_width=6016)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(**h200, **clocks))
+    peaks = common.device_peaks(torch.device("cuda", 0))
+    assert peaks["fp64_flop_s"] == pytest.approx(66.9e12, rel=1e-3)
+    assert peaks["bytes_s"] == pytest.approx(4.814e12, rel=1e-3)
+    assert "132 SMs" in peaks["fp64_source"] and "6016 bit" in peaks["bytes_source"]
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(**h200))
+    monkeypatch.setattr(common, "_smi_max_sm_clock_hz", lambda index: None)
+    peaks = common.device_peaks(torch.device("cuda", 0))
+    assert (peaks["fp64_flop_s"], peaks["bytes_s"]) == (66.9e12, 4.8e12)
+    assert "datasheet" in peaks["fp64_source"] and "datasheet" in peaks["bytes_source"]
+    assert common.device_peaks(torch.device("cpu")) is None
 
 
 def test_gpu_size_memory_and_launches(tmp_path):
