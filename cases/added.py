@@ -11,6 +11,11 @@ layouts it reads.
 gates, on multi-chunk sequences (>= 256 tokens in L0; L1 adds >= 2,048), with and without a_log / dt_bias. An
 error that grows with context length in fp16 (TF32-rounded dots) was seen on GDN2 and missed on KDA, whose L0
 safe-gate backward cases were all beta_zero or mild.
+
+``guard_separation_cases`` (L0): GDN2's beta_guard under a trained gate (decays near 1, where the erase safeguard
+acts on every token). The guard cases the generator pins are mild- and zero-gated; dropping the guard moves the
+mild one's final state by 2.1e-03, under the 2e-2 threshold, so a wrapper that forgets the flag passed it
+(issue 29, item 12). These separate guard from no guard by more than 10x the limit on the output and the state.
 """
 
 from __future__ import annotations
@@ -98,3 +103,19 @@ def safe_gate_backward_cases(tier: str) -> list[Case]:
                                     V=dim, gate=gate, safe_gate=True, a_log=params, dt_bias=params,
                                     initial_state=True, backward=True, tier=tier))
     return out
+
+
+# Measured on the CPU (tests/test_mutants.py, the DropsBetaGuard wrapper, forward checks): headroom 15 / 20 for the
+# first (output / state), 157 / 185 for the second (the last two: test_mutants.py); a typical gate at K = V = 96 gave 0.13 / 0.05: not a guard case.
+_GUARD_SEPARATION = {
+    "L0": (dict(io_dtype="bf16", layout="thd", seqlens=(0, 65, 130), K=128, V=128, splits=(64,)),
+           dict(io_dtype="fp16", layout="bshd", seqlens=(130, 130), K=64, V=64, splits=()),
+           dict(io_dtype="bf16", layout="sbhd", seqlens=(65, 65), K=64, V=64, splits=()),
+           dict(io_dtype="fp16", layout="bhsd", seqlens=(100,), K=128, V=64, splits=(50,))),
+}
+
+
+def guard_separation_cases(tier: str) -> list[Case]:
+    """GDN2 with beta_guard under a trained gate, one per layout, an initial state and the backward."""
+    return [Case(op="gdn2", H=2, HK=2, HV=2, gate="trained", l2norm=True, beta_guard=True, initial_state=True,
+                 backward=True, tier=tier, **shape) for shape in _GUARD_SEPARATION.get(tier, ())]

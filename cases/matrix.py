@@ -291,6 +291,7 @@ def tier_cases(tier: str, envelopes: Sequence[Envelope] = ()) -> list[Case]:
     if tier == "L0":
         cases += [c for c in added.minimal_dims_cases(envelopes, tier, cases) if c not in cases]
     cases += [c for c in added.safe_gate_backward_cases(tier) if c not in cases]
+    cases += [c for c in added.guard_separation_cases(tier) if c not in cases]
     return list(_dedupe(cases))
 
 

@@ -71,5 +71,6 @@ def test_the_added_cases_come_last_and_leave_every_earlier_case_as_it_was(monkey
     full = matrix_module.tier_cases("L0", envelopes)
     monkeypatch.setattr(added, "minimal_dims_cases", lambda *a, **k: [])
     monkeypatch.setattr(added, "safe_gate_backward_cases", lambda *a, **k: [])
+    monkeypatch.setattr(added, "guard_separation_cases", lambda *a, **k: [])
     before = matrix_module.tier_cases("L0", envelopes)
     assert full[:len(before)] == before and len(full) > len(before)
