@@ -428,3 +428,31 @@ def test_the_shipped_fla_entry_covers_exactly_the_h200_failures():
                 Env(cuda=True, capability=(10, 0), versions={"fla": "0.6.0", "triton": "3.6.0"})):
         assert not issue.applies_to(case, "fla", "fla", env), env
     assert not issue.applies_to(case, "cudnn", "cudnn", fla)
+
+
+# cuDNN FE 1.32.0's engines pinned on the H200 (SM90), L0 tier, 2026-12-02 (issue #24): kda_hopper_cuda with
+# CUDAToolkit_ROOT set (it compiled; 37 cases ran) and the CuTe DSL engine kda_hopper (6 cases ran). Every case not
+# listed as failing passed all of its checks.
+H200_KDA_HOPPER_CUDA_PASSED = [*H200_CUDNN_KDA_PASSED, "kda-bf16-bshd-N1-L260-H2/2/2-K128-V128-steep-safegate-alog-dtbias-h0-bwd"]
+H200_KDA_HOPPER_DSL_FAILED = ["kda-bf16-bshd-N2-L129-H2/2/2-K128-V128-extreme-bwd"]
+H200_KDA_HOPPER_DSL_PASSED = [
+    "kda-bf16-bhsd-N1-L1-H2/2/2-K128-V128-typical-state_bf16-beta_one-bwd",
+    "kda-bf16-bhsd-N1-L65-H4/4/4-K128-V128-mild-beta_zero-h0-bwd",
+    "kda-bf16-bshd-N1-L65-H2/2/2-K128-V128-mild-beta_zero-cont[32_63]-bwd",
+    "kda-bf16-sbhd-N1-L128-H2/2/2-K128-V128-trained-beta_zero-cont[65]-bwd",
+    "kda-bf16-thd-N3-T[1_64_200]-H2/2/2-K128-V128-steep-h0-cont[64]-bwd",
+]
+
+
+@pytest.mark.parametrize("issue_id,spec,failed,passed", [
+    ("cudnn-kda-hopper-cuda-nan-below-log-decay-7", "cudnn@kda_hopper_cuda", H200_CUDNN_KDA_FAILED,
+     H200_KDA_HOPPER_CUDA_PASSED),
+    ("cudnn-kda-hopper-dsl-nan-extreme-gate", "cudnn@kda_hopper", H200_KDA_HOPPER_DSL_FAILED, H200_KDA_HOPPER_DSL_PASSED),
+])
+def test_the_shipped_engine_entries_cover_exactly_the_h200_failures(issue_id, spec, failed, passed):
+    issue = {i.id: i for i in load_known_issues([SHIPPED])}[issue_id]
+    covered = {cid for cid in failed + passed if issue.applies_to(Case.from_id(cid), spec, spec, H200)}
+    assert covered == set(failed)
+    # the engine's entry is its own: default routing and the other engines are judged by theirs
+    other = "cudnn@kda_cutile" if spec != "cudnn@kda_cutile" else "cudnn"
+    assert not issue.applies_to(Case.from_id(failed[0]), other, other, H200)
