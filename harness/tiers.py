@@ -2,7 +2,8 @@
 backend x op x architecture, the cases that cover that backend's declared envelope — so every fused kernel gets
 the cases it can run, not only the few of a reference-level array it happens to serve.
 
-``TIER_TARGETS`` lists the (backend, architecture) pairs tiers are generated for: FLA (any GPU) and cuDNN on the
+``TIER_TARGETS`` (derived from ``backends/table.py``'s ``tier_targets``) lists the (backend, architecture) pairs tiers
+are generated for: FLA (any GPU) and cuDNN on the
 architectures our lanes run, Hopper (SM90) and Blackwell (SM100; the FROST engines serve SM100-103 and 107
 alike). Engines that need a runtime beyond the architecture (cuTile) are not generated for: their cases come from
 the overlap with the others.
@@ -24,9 +25,9 @@ from deltacheck.cases.matrix import tier_cases as generated_tier
 from deltacheck.cases.support import OPS
 
 from .availability import backend_envelope
+from .backends.table import TIER_TARGETS
 from .cachedir import cache_root
 
-TIER_TARGETS: tuple[tuple[str, int | None], ...] = (("cudnn", 90), ("cudnn", 100), ("fla", None))
 
 
 def target_envelopes() -> list[EnvelopeUnion]:

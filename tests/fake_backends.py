@@ -402,3 +402,34 @@ class DropsBetaGuard(Working):
 
     def run(self, case, inputs):
         return get_backend("oracle").run(case.replace(beta_guard=False), inputs)
+
+
+class SteepGateCrashes(SteepGateBreaks):
+    """SteepGateBreaks whose process dies (``os._exit``, as a CUDA illegal address ends one) on the gate point -4:
+    through the pool the frontier loses that point, not the search."""
+
+    name = "steepgatecrashes"
+
+    def run(self, case, inputs):
+        if case.gate == "unif4":
+            os._exit(3)
+        return super().run(case, inputs)
+
+
+class FloorCounting:
+    """The exact chunked reference with floors that count how often they are asked (``FloorCounting.asked``, per
+    op): a run computes each pair's availability once and hands it to every task."""
+
+    name = "floorcounting"
+    ops = frozenset({"gdn", "kda", "gdn2"})
+    asked: dict = {}
+
+    def pair_verdict(self, op, env):
+        FloorCounting.asked[op] = FloorCounting.asked.get(op, 0) + 1
+        return Verdict.ok()
+
+    def check(self, case, env):
+        return Verdict.ok()
+
+    def run(self, case, inputs):
+        return get_backend("chunked").run(case, inputs)
