@@ -19,8 +19,8 @@ from pathlib import Path
 from deltacheck.cases import Case
 
 from . import pool
-from .environment import probe_env
 from .checks import checks_for
+from .environment import probe_env
 from .exitrule import EXIT_NOTHING_RAN
 from .known import format_known_report
 from .required import format_required_report, required_pairs

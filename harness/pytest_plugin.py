@@ -142,7 +142,7 @@ def _selection(config) -> list:
 
     cases = []
     for op in config.getoption("--dc-op") or [None]:
-        cases += select(tier=config.getoption("--dc-tier"), op=op, k=config.getoption("--dc-k"))
+        cases += select(tier=config.getoption("--dc-tier"), op=op, k=config.getoption("--dc-k"), backends=_specs(config))
     if config.getoption("--dc-limit") is not None:
         cases = cases[: config.getoption("--dc-limit")]
     return cases

@@ -29,6 +29,7 @@ from deltacheck.reference import layouts
 
 from . import compare, margins
 from .backends.base import Backend, Verdict, backend_for
+from .checks import checks_for, grad_inputs, stage_checks, task_result
 from .expected import (
     F64,
     GRAD_NAMES,
@@ -42,7 +43,6 @@ from .expected import (
 )
 from .known import load_known_issues
 from .reductions import judge_reduction
-from .checks import checks_for, grad_inputs, stage_checks, task_result
 from .results import Result
 from .segments import (  # noqa: F401 - guarded and segment_inputs are imported from here by tests and adapters
     bitwise_equal,
@@ -54,7 +54,6 @@ from .segments import (  # noqa: F401 - guarded and segment_inputs are imported 
     segment_inputs,
     to_packed,
 )
-
 
 
 @dataclass

@@ -29,7 +29,6 @@ from .backends.table import TIER_TARGETS
 from .cachedir import cache_root
 
 
-
 def target_envelopes() -> list[EnvelopeUnion]:
     """The envelopes tiers are generated for, in a fixed order."""
     out = []
@@ -65,9 +64,27 @@ def tier_cache_file(tier: str, envelopes) -> Path | None:
     return root / f"{tier}-{digest.hexdigest()[:32]}.ids"
 
 
+def plugin_envelopes(specs) -> list[EnvelopeUnion]:
+    """The envelopes third-party backends (``pkg.mod:attr``) among ``specs`` declare (on any architecture): a
+    plug-in with an ``envelopes`` hook gets cases generated inside them, as the built-ins of ``TIER_TARGETS`` do. A
+    plug-in that cannot load or whose hook raises adds none (its tasks then say why it cannot run)."""
+    out = []
+    for spec in specs:
+        if ":" not in spec:
+            continue
+        for op in OPS:
+            try:
+                envelope = backend_envelope(spec, op)
+            except Exception:  # noqa: BLE001 - see above
+                envelope = None
+            if envelope is not None and envelope.members:
+                out.append(envelope)
+    return out
+
+
 @functools.cache
-def _tier(tier: str) -> tuple[Case, ...]:
-    envelopes = target_envelopes()
+def _tier(tier: str, plugins: tuple[str, ...] = ()) -> tuple[Case, ...]:
+    envelopes = target_envelopes() + plugin_envelopes(plugins)
     path = tier_cache_file(tier, envelopes)
     if path is not None:
         try:
@@ -88,11 +105,17 @@ def _tier(tier: str) -> tuple[Case, ...]:
     return cases
 
 
-def tier_cases(tier: str) -> list[Case]:
-    """Every case of ``tier`` (the same list in every process)."""
-    return list(_tier(tier))
+def tier_cases(tier: str, backends=()) -> list[Case]:
+    """Every case of ``tier`` (the same list in every process); ``backends``: the run's, whose plug-ins' envelopes
+    get cases too."""
+    return list(_tier(tier, _plugins(backends)))
 
 
-def select(tier: str = "L0", op: str | None = None, k: str | None = None) -> list[Case]:
-    """The cases of ``tier``, optionally only those of ``op`` and those whose id matches the ``-k`` expression."""
-    return filter_cases(_tier(tier), op, k)
+def select(tier: str = "L0", op: str | None = None, k: str | None = None, backends=()) -> list[Case]:
+    """The cases of ``tier``, optionally only those of ``op`` and those whose id matches the ``-k`` expression;
+    ``backends``: the run's backend specs (a plug-in among them that declares envelopes adds cases inside them)."""
+    return filter_cases(_tier(tier, _plugins(backends)), op, k)
+
+
+def _plugins(backends) -> tuple[str, ...]:
+    return tuple(sorted({spec for spec in backends or () if ":" in spec}))

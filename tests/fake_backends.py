@@ -433,3 +433,38 @@ class FloorCounting:
 
     def run(self, case, inputs):
         return get_backend("chunked").run(case, inputs)
+
+
+class NarrowEnvelope(Working):
+    """A third party's backend declaring a narrow envelope (gdn2, fp16, bhsd, K x V = 32 x 32) through the plug-in
+    API's ``envelopes`` hook: the generated tier gets cases inside it, as the built-ins' envelopes get theirs."""
+
+    name = "narrow-envelope"
+    envelope = Envelope("narrow gdn2 fp16 bhsd 32x32", "gdn2",
+                        allowed={"io_dtype": ("fp16",), "layout": ("bhsd",), "dims": ("32x32",)})
+
+    def envelopes(self, op, env=None, sm=None):
+        return [self.envelope] if op == "gdn2" else []
+
+
+class OldStyle:
+    """A plug-in written against the API before issue 23: the four protocol members, a ``version_key`` the probe
+    does not know, a ``load`` and a ``pair_verdict(op, env)`` — every hook found by name, as before."""
+
+    name = "old-style"
+    ops = frozenset({"kda"})
+    version_key = "old_style_lib"
+    loads = 0
+
+    def pair_verdict(self, op, env):
+        return Verdict.ok()
+
+    def load(self, op):
+        OldStyle.loads += 1
+        return Verdict.ok()
+
+    def check(self, case, env):
+        return Verdict.ok()
+
+    def run(self, case, inputs):
+        return get_backend("oracle").run(case, inputs)

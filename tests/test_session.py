@@ -16,10 +16,10 @@ from deltacheck.harness.backends.base import Verdict, forget_backends
 from deltacheck.harness.cli import main as cli_main
 from deltacheck.harness.exitrule import EXIT_FAILED, EXIT_OK
 from deltacheck.harness.pool import worker_config
+from deltacheck.harness.results import Result
 from deltacheck.harness.runner import RunOptions
 from deltacheck.harness.tally import RunTally
 from deltacheck.harness.task import task_summary
-from deltacheck.harness.results import Result
 
 
 def test_availability_is_computed_once_per_pair_and_handed_to_each_task(tmp_path):
@@ -84,3 +84,43 @@ def test_a_crashing_kernel_costs_the_frontier_one_point_not_the_search(tmp_path,
     assert lines[-1]["kind"] == "end" and not list((tmp_path / "runs").glob("*/results.w*.jsonl"))
     died = [r for r in lines if r.get("kind") == "result" and "worker process died" in r.get("reason", "")]
     assert died and {r["case"] for r in died} == {crashed[0]["case"]}
+
+
+def test_a_plugin_with_envelopes_gets_generated_cases_like_the_builtins():
+    from deltacheck.harness.availability import backend_envelope
+    from deltacheck.harness.tiers import select
+
+    spec = "fake_backends:NarrowEnvelope"
+    sys.path.insert(0, str(TESTS))
+    try:
+        plain = {c.id for c in select("L0")}
+        with_plugin = select("L0", backends=[spec])
+        envelope = backend_envelope(spec, "gdn2")
+    finally:
+        sys.path.remove(str(TESTS))
+    added = [c for c in with_plugin if c.id not in plain]
+    assert plain <= {c.id for c in with_plugin}  # the tier grows, nothing of it is dropped
+    assert added and all(envelope.serves(c)[0] for c in added), [c.id for c in added][:3]
+
+
+def test_a_plugin_written_against_the_old_api_still_runs_in_process_and_in_workers(tmp_path):
+    from deltacheck.harness.availability import library_verdict
+    from deltacheck.harness.backends.base import backend_for
+    from deltacheck.harness.environment import probe_env
+
+    forget_backends()
+    fake_backends.OldStyle.loads = 0
+    cases = [Case.from_id(CASE_IDS[1])]
+    for in_process in (True, False):
+        status, run_dir = run(["fake_backends:OldStyle"], tmp_path / str(in_process), cases=cases,
+                              in_process=in_process)
+        assert status == EXIT_OK
+        results = [r for r in records(run_dir) if r.get("kind") == "result"]
+        assert results and {r["status"] for r in results} == {"pass"}
+    sys.path.insert(0, str(TESTS))
+    try:  # its version_key names nothing the probe knows: its load() still runs (`deltacheck env --import`)
+        assert library_verdict(backend_for("fake_backends:OldStyle"), "fake_backends:OldStyle", "kda",
+                               probe_env()).runnable
+    finally:
+        sys.path.remove(str(TESTS))
+    assert fake_backends.OldStyle.loads == 1

@@ -19,9 +19,9 @@ from deltacheck.harness import pool
 from deltacheck.harness.availability import load_backend
 from deltacheck.harness.checks import repro_command
 from deltacheck.harness.environment import probe_env
+from deltacheck.harness.exitrule import frontier_exit_status
 from deltacheck.harness.frontier import (
     AXES,
-    DECLINED,
     LENGTH_CAP,
     LENGTH_START,
     CaseJudge,
@@ -29,7 +29,6 @@ from deltacheck.harness.frontier import (
     choose_base_case,
     search,
 )
-from deltacheck.harness.exitrule import frontier_exit_status
 from deltacheck.harness.results import Result, fold_parts, latest_per_check, read_records
 from deltacheck.harness.runner import RunOptions
 from deltacheck.harness.session import RunSession

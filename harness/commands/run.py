@@ -33,7 +33,6 @@ from deltacheck.harness.shards import Shard, ShardError, pairs_elsewhere, shard_
 from deltacheck.harness.tiers import select
 
 
-
 def _unique(values: list[str], flag: str) -> list[str]:
     """``values`` once each, in order; a repeat would run every task twice, so it is dropped with a note."""
     for value, n in Counter(values).items():
@@ -56,10 +55,10 @@ def _select_cases(args) -> tuple[list[Case], list[Case]]:
         ops = _unique(args.op, "--op") if args.op else [None]
         cases = []
         for op in ops:
-            cases += select(tier=args.tier, op=op, k=args.k)
+            cases += select(tier=args.tier, op=op, k=args.k, backends=args.backend or ())
         if not cases:
             where = f"tier {args.tier}" + (f" with --op {' --op '.join(ops)}" if args.op else "")
-            before_k = sum(len(select(tier=args.tier, op=op)) for op in ops)
+            before_k = sum(len(select(tier=args.tier, op=op, backends=args.backend or ())) for op in ops)
             if args.k and before_k:
                 raise ValueError(f"no case selected: -k {args.k!r} matched none of the {before_k} cases of {where}")
             raise ValueError(f"no case selected: {where} has no cases")
