@@ -83,8 +83,8 @@ def floors_of(backend, op: str, env) -> Verdict:
     return hook(op, env) if callable(hook) else Verdict.ok()
 
 
-def pair_verdict(spec: str, op: str, env) -> Verdict:
-    """Our floors for ``spec:op`` on ``env``, by backend name; a backend that cannot be loaded (a third
+def floors_by_name(spec: str, op: str, env) -> Verdict:
+    """Our floors for ``spec:op`` on ``env``, by backend spec (a backend's own hook is ``pair_verdict(op, env)``); a backend that cannot be loaded (a third
     party's ``pkg.mod:attr`` not importable here) is its own judge later, so this says ok."""
     if op not in OPS:
         return Verdict.no(f"{spec}:{op}: unknown op {op!r}; deltacheck's ops are {', '.join(OPS)}")

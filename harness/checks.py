@@ -6,15 +6,15 @@ and nothing of theirs, so the flow stays one way: checks <- runner <- task.
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from .results import Result
+from .results import repro_command as repro_line
 
 
 def repro_command(case, backend_spec: str) -> str:
-    """The command that re-runs exactly this case against this backend."""
-    return f"deltacheck run --case {shlex.quote(case.id)} --backend {shlex.quote(backend_spec)}"
+    """The command that re-runs exactly this case against this backend (``results.repro_command``'s words)."""
+    return repro_line(case.id, backend_spec)
 
 
 def grad_inputs(case) -> list[str]:

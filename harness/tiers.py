@@ -21,7 +21,7 @@ import deltacheck.cases as cases_package
 from deltacheck.cases import Case, CaseError
 from deltacheck.cases.envelope import EnvelopeUnion
 from deltacheck.cases.matrix import filter_cases
-from deltacheck.cases.matrix import tier_cases as generated_tier
+from deltacheck.cases.matrix import generate_tier as generated_tier
 from deltacheck.cases.support import OPS
 
 from .availability import backend_envelope

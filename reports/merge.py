@@ -29,7 +29,7 @@ from deltacheck.harness.results import ResultStream, fingerprint
 from deltacheck.harness.tally import RunTally
 
 from .load import FRONTIER_KEY, RunInputError, latest_per_check, load_run
-from .summary import required_failures
+from .summary import recorded_required_failures
 
 RESULT_FIELDS_DROPPED = ("line",)  # added by the loader, not part of a record
 
@@ -115,7 +115,7 @@ def merge_runs(inputs: list[str | Path], out: str | Path, *, allow_mixed_env: bo
             stream.write({**f, "kind": "frontier"})
         finished = all(run.finished for run in runs)
         if finished:
-            failures = sorted({line for run in runs for line in required_failures(run)[0]})
+            failures = sorted({line for run in runs for line in recorded_required_failures(run)[0]})
             # One tally over the inputs' (their end records carry theirs): a known issue that no longer reproduces
             # in any shard fails the merge as it failed that shard. Results by status are counted over the merge,
             # where a rerun's results replace the ones it repeats.

@@ -24,7 +24,8 @@ from child_env import HANG_GUARD_S
 
 from deltacheck.harness import cli
 from deltacheck.harness import environment as gate
-from deltacheck.harness.availability import library_verdict, pair_verdict
+from deltacheck.harness.availability import floors_by_name as pair_verdict
+from deltacheck.harness.availability import library_verdict
 from deltacheck.harness.backends.base import Verdict
 from deltacheck.harness.backends.cudnn import CudnnBackend
 from deltacheck.harness.backends.fla import FlaBackend

@@ -32,7 +32,7 @@ def fused_backends() -> list[str]:
     return [name for name in registered() if callable(getattr(backend_for(name), "pair_verdict", None))]
 
 
-def _pair_verdict(spec: str, op: str, env: Env, imports: bool) -> Verdict:
+def _env_verdict(spec: str, op: str, env: Env, imports: bool) -> Verdict:
     """Our floors; with ``imports``, also the library's import and entry point."""
     backend, load_error = load_backend(spec)
     if backend is None:
@@ -53,7 +53,7 @@ def env_report(env: Env, environ: Mapping[str, str] | None = None, *, imports: b
     for pair in spec:
         if pair not in pairs:
             pairs.append(pair)
-    verdicts = {p: _pair_verdict(*p, env, imports) for p in pairs}
+    verdicts = {p: _env_verdict(*p, env, imports) for p in pairs}
     failing = [
         f"REQUIRED {b}:{o} cannot run: {strip_pair(verdicts[(b, o)].reason, f'{b}:{o}')} [required by {src}]"
         for (b, o), src in sorted(spec.items())
