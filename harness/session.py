@@ -1,5 +1,6 @@
-"""The one owner of a run: its directory (opened or resumed), its backend objects, the availability verdicts of its
-backend x op pairs, its result stream, its tally and its end record.
+"""The one owner of a run: its directory (opened or resumed), the availability verdicts of its backend x op pairs, its
+result stream, its tally and its end record. Its backend objects are ``backends.base.backend_for``'s: one per spec
+per process, whichever front asks.
 
 Every front drives a run through a ``RunSession``: ``deltacheck run`` / ``verify`` (``execute``: in this process or
 through the pool), ``warmup`` (an ordinary run), ``frontier`` (its points through the pool) and the pytest plugin
@@ -16,8 +17,8 @@ from pathlib import Path
 
 from deltacheck.cases.support import OPS
 
-from .availability import availability_records, load_backend, pair_availability
-from .backends.base import Backend, BackendLoadError, Verdict, backend_for
+from .availability import load_backend, pair_availability
+from .backends.base import BackendLoadError, Verdict
 from .results import Result, ResultStream
 from .rundir import new_run_dir, open_run, resume_run
 from .tally import RunTally
@@ -85,10 +86,6 @@ class RunSession:
 
     # --- backends and their verdicts --------------------------------------------------------------------------
 
-    def backend(self, spec: str) -> Backend:
-        """The one backend object of ``spec`` in this process (raises ``BackendLoadError``)."""
-        return backend_for(spec)
-
     def verdict(self, spec: str, op: str) -> Verdict:
         """The availability verdict of ``spec:op``: the run's record of it, or computed now and kept (a pair a
         process meets first, e.g. in an xdist worker)."""
@@ -103,10 +100,6 @@ class RunSession:
         """The verdicts of ``pairs`` whose backend is part of this run (a required pair of another backend has
         none: required mode says it was not selected)."""
         return {pair: self.verdict(*pair) for pair in pairs if pair[0] in self.backend_specs}
-
-    def pair_records(self) -> dict:
-        """Every pair's verdict with the record that reports it (what ``open`` wrote), for ``deltacheck env``."""
-        return availability_records(self.backend_specs, self.env, self.required)
 
     # --- tasks ------------------------------------------------------------------------------------------------
 

@@ -143,6 +143,7 @@ def measure(args, stream=None) -> int:
     # Every point runs in a worker process (one kept for the whole search): a kernel that crashes its process
     # costs that point, recorded as an error, and the search goes on in a fresh worker.
     points_path = run_dir / "results.w0.jsonl"
+    pool.STOPPING.clear()  # a run before this one in the process (a test, --report) ended its workers on purpose
     client = pool.WorkerClient(points_path, opts, pairs=session.verdicts)
     records, unmeasured = [], []
 
