@@ -20,9 +20,9 @@ from pathlib import Path
 import deltacheck.cases as cases_package
 from deltacheck.cases import Case, CaseError
 from deltacheck.cases.envelope import EnvelopeUnion
-from deltacheck.cases.matrix import filter_cases
+from deltacheck.cases.matrix import envelope_cases, filter_cases
 from deltacheck.cases.matrix import generate_tier as generated_tier
-from deltacheck.cases.support import OPS
+from deltacheck.cases.support import OP_SUPPORT, OPS
 
 from .availability import backend_envelope
 from .backends.table import TIER_TARGETS
@@ -84,8 +84,8 @@ def plugin_envelopes(specs) -> list[EnvelopeUnion]:
 
 @functools.cache
 def _tier(tier: str, plugins: tuple[str, ...] = ()) -> tuple[Case, ...]:
-    envelopes = target_envelopes() + plugin_envelopes(plugins)
-    path = tier_cache_file(tier, envelopes)
+    envelopes, extra = target_envelopes(), plugin_envelopes(plugins)
+    path = tier_cache_file(tier, envelopes + extra)
     if path is not None:
         try:
             ids = path.read_text(encoding="utf-8").splitlines()
@@ -94,6 +94,11 @@ def _tier(tier: str, plugins: tuple[str, ...] = ()) -> tuple[Case, ...]:
         except (OSError, UnicodeError, CaseError):
             pass  # absent or unreadable: generate
     cases = tuple(generated_tier(tier, envelopes))
+    if extra:  # after the built-ins' tier, from a seed of their own: a plug-in adds cases and changes none
+        for group, seed in (([e for e in extra if not OP_SUPPORT[e.op].householder], "plugins"),
+                            ([e for e in extra if OP_SUPPORT[e.op].householder], "householder-plugins")):
+            if group:
+                cases += tuple(c for c in envelope_cases(group, tier, list(cases), seed=seed) if c not in cases)
     if path is not None:
         part = path.with_name(f"{path.name}.{os.getpid()}.part")
         try:

@@ -436,12 +436,12 @@ class FloorCounting:
 
 
 class NarrowEnvelope(Working):
-    """A third party's backend declaring a narrow envelope (gdn2, fp16, bhsd, K x V = 32 x 32) through the plug-in
+    """A third party's backend declaring a narrow envelope (gdn2, fp16, bhsd, K x V = 64 x 128, zero gate) through the plug-in
     API's ``envelopes`` hook: the generated tier gets cases inside it, as the built-ins' envelopes get theirs."""
 
     name = "narrow-envelope"
-    envelope = Envelope("narrow gdn2 fp16 bhsd 32x32", "gdn2",
-                        allowed={"io_dtype": ("fp16",), "layout": ("bhsd",), "dims": ("32x32",)})
+    envelope = Envelope("narrow gdn2 fp16 bhsd 64x128 zero", "gdn2",
+                        allowed={"io_dtype": ("fp16",), "layout": ("bhsd",), "dims": ("64x128",), "gate": ("zero",)})
 
     def envelopes(self, op, env=None, sm=None):
         return [self.envelope] if op == "gdn2" else []
