@@ -1,7 +1,7 @@
 """The fused lane benchmark: the same tier against the fused backends twice — cold caches, then warm — printing
 each pass's wall time, worker-seconds and where they went (the phase totals every task records), side by side.
 
-    python bench/lanes.py                          # L0, fla + cudnn, -j 8: a cold pass then a warm pass
+    python bench/lanes.py                          # L0, the lanes' backends, -j 8: a cold pass then a warm pass
     python bench/lanes.py --passes warm --jobs 8   # only a pass on the caches as they are
     nox -s bench -- lanes
 
@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from deltacheck.harness.backends.table import LANES_DEFAULT
+
 
 def _pass(name: str, args, cache: Path, out: Path) -> dict:
     env = dict(os.environ)
@@ -35,7 +37,7 @@ def _pass(name: str, args, cache: Path, out: Path) -> dict:
         env["DELTACHECK_RECORD_WINNERS"] = str(out / f"winners-{name}")
     root = out / name
     argv = [sys.executable, "-m", "deltacheck", "run", "--tier", args.tier, "-j", str(args.jobs), "--out", str(root)]
-    for backend in args.backend or ["fla", "cudnn"]:
+    for backend in args.backend or list(LANES_DEFAULT):
         argv += ["--backend", backend]
     for op in args.op or []:
         argv += ["--op", op]
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
     cache = Path(args.cache_dir) if args.cache_dir else Path(scratch.name)
     rows = [_pass(name, args, cache, out) for name in passes]
     names = sorted({k for r in rows for k in r["phases"]}, key=lambda k: -sum(r["phases"].get(k, 0.0) for r in rows))
-    print(f"\nlanes: tier {args.tier}, backends {', '.join(args.backend or ['fla', 'cudnn'])}, -j {args.jobs}")
+    print(f"\nlanes: tier {args.tier}, backends {', '.join(args.backend or LANES_DEFAULT)}, -j {args.jobs}")
     print(f"{'':18}" + "".join(f"{r['pass']:>12}" for r in rows))
     for label, key in (("wall s", "wall_s"), ("worker s", "worker_s"), ("tasks", "tasks"), ("exit", "exit")):
         print(f"{label:18}" + "".join(f"{r[key]:>12.1f}" if isinstance(r[key], float) else f"{r[key]!s:>12}"

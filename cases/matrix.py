@@ -275,9 +275,10 @@ def envelope_cases(envelopes: Sequence[Envelope], tier: str, existing: list[Case
     return made
 
 
-def tier_cases(tier: str, envelopes: Sequence[Envelope] = ()) -> list[Case]:
-    """The cases of a tier, in a stable order (same list in every process): the reference-level array, then
-    the cases that cover each envelope's pairs not covered yet."""
+def generate_tier(tier: str, envelopes: Sequence[Envelope] = ()) -> list[Case]:
+    """A tier generated over ``envelopes``, in a stable order (same list in every process): the reference-level
+    array, then the cases that cover each envelope's pairs not covered yet. The tiers as they run (over every fused
+    backend's envelopes) are ``harness.tiers.tier_cases`` / ``select``."""
     cases = list(_reference_tier(tier))
     # GDP's envelopes cover pairs of its own array's axes, from their own seed (the others' cases stay as they were)
     householder = [e for e in envelopes if OP_SUPPORT[e.op].householder]
@@ -308,7 +309,11 @@ def filter_cases(cases: Sequence[Case], op: str | None = None, k: str | None = N
     return cases
 
 
-def select(tier: str = "L0", op: str | None = None, k: str | None = None,
-           envelopes: Sequence[Envelope] = ()) -> list[Case]:
-    """The cases of `tier`, optionally only those of `op` and those whose id matches the `-k` expression."""
-    return filter_cases(tier_cases(tier, envelopes), op, k)
+def select_generated(tier: str = "L0", op: str | None = None, k: str | None = None,
+                     envelopes: Sequence[Envelope] = ()) -> list[Case]:
+    """``generate_tier(tier, envelopes)``, optionally only the cases of ``op`` and those matching ``-k``. Without
+    envelopes this is the reference-level array alone, not what runs (``harness.tiers.select``)."""
+    return filter_cases(generate_tier(tier, envelopes), op, k)
+
+
+tier_cases = generate_tier  # the name before issue 23, which tests of the generator import

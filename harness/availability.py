@@ -14,6 +14,7 @@ verdict that names each, Lightning-``RunIf`` style.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import asdict
 
 from deltacheck.cases.envelope import EnvelopeUnion
 from deltacheck.cases.support import OPS
@@ -82,8 +83,8 @@ def floors_of(backend, op: str, env) -> Verdict:
     return hook(op, env) if callable(hook) else Verdict.ok()
 
 
-def pair_verdict(spec: str, op: str, env) -> Verdict:
-    """Our floors for ``spec:op`` on ``env``, by backend name; a backend that cannot be loaded (a third
+def floors_by_name(spec: str, op: str, env) -> Verdict:
+    """Our floors for ``spec:op`` on ``env``, by backend spec (a backend's own hook is ``pair_verdict(op, env)``); a backend that cannot be loaded (a third
     party's ``pkg.mod:attr`` not importable here) is its own judge later, so this says ok."""
     if op not in OPS:
         return Verdict.no(f"{spec}:{op}: unknown op {op!r}; deltacheck's ops are {', '.join(OPS)}")
@@ -189,14 +190,18 @@ def backend_envelope(spec: str, op: str, *, env=None, sm: int | None = None, bac
     return EnvelopeUnion(f"{spec} {op}{where}", op, members)
 
 
-def envelope_verdict(backend, spec: str, case, env, verdict: Verdict) -> dict:
-    """Compare the library's verdict on ``case`` with what the backend declares it serves on this machine.
+def envelope_note(backend, spec: str, case, env, verdict: Verdict, *, pair: Verdict | None = None) -> dict:
+    """The note the ``forward`` result carries: the library's verdict on ``case`` against what the backend declares
+    it serves on this machine.
 
-    Only when our floors hold (the library was asked): ``{"envelope": name, "envelope_inside": bool,
-    "envelope_backward_inside": bool, "envelope_disagreement": text}`` — the text empty when they agree. A
-    decline inside the envelope, or a run outside it, is the visible note that keeps an envelope from drifting.
+    Only when our floors hold (the library was asked; ``pair``: the pair's availability verdict where the run holds
+    it, else asked here): ``{"envelope": name, "envelope_inside": bool, "envelope_backward_inside": bool,
+    "envelope_disagreement": text}`` — the text empty when they agree. A decline inside the envelope, or a run
+    outside it, is the visible note that keeps an envelope from drifting.
     """
-    if not pair_availability(backend, spec, case.op, env).runnable:
+    if pair is None:
+        pair = pair_availability(backend, spec, case.op, env)
+    if not pair.runnable:
         return {}
     envelope = backend_envelope(spec, case.op, env=env, backend=backend)
     if envelope is None:
@@ -213,3 +218,12 @@ def envelope_verdict(backend, spec: str, case, env, verdict: Verdict) -> dict:
                         f"ran the backward outside its declared envelope ({envelope.why_not(case)})")
     return {"envelope": envelope.name, "envelope_inside": forward, "envelope_backward_inside": backward,
             "envelope_disagreement": disagreement}
+
+
+def verdicts_to_json(verdicts: dict[tuple[str, str], Verdict]) -> list:
+    """Pair verdicts as a worker's config line carries them."""
+    return [[spec, op, asdict(v)] for (spec, op), v in verdicts.items()]
+
+
+def verdicts_from_json(data) -> dict[tuple[str, str], Verdict]:
+    return {(spec, op): Verdict(**{**v, "notes": tuple(v.get("notes") or ())}) for spec, op, v in data or []}

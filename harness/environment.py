@@ -26,8 +26,10 @@ from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from typing import Any
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
+from packaging.specifiers import InvalidSpecifier
+
+from .devices import device_problem, visible_gpus  # re-exported (see __all__): these were this module's
+from .versions import parse_version, version_below, version_in  # noqa: F401 - re-exported (see __all__)
 
 # Keys of Env.versions (a missing package is None, never absent, so reports show the gap).
 VERSION_KEYS = (
@@ -366,76 +368,8 @@ def probe_env(finder: Finder | None = None) -> Env:
     return _probe_real() if finder is None else _probe(finder)
 
 
-def visible_gpus(environ=os.environ, run=subprocess.run) -> list[str]:
-    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` entries, without initializing CUDA here
-    (a process that has touched CUDA can no longer be pinned to one GPU, and its children inherit that).
-
-    An explicit ``CUDA_VISIBLE_DEVICES`` is the answer (``""`` hides every GPU); otherwise
-    ``nvidia-smi -L`` counts them. No nvidia-smi: no GPUs."""
-    pinned = environ.get("CUDA_VISIBLE_DEVICES")
-    if pinned is not None:
-        return [d.strip() for d in pinned.split(",") if d.strip()]
-    try:
-        out = run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [str(i) for i in range(sum(1 for line in out.splitlines() if line.startswith("GPU ")))]
-
-
-# --------------------------------------------------------------------------------------------------
-# Versions
-
-
-def parse_version(text: str | None) -> Version | None:
-    """A PEP 440 version, or None when ``text`` is empty or not a version (``main``, ``unknown``)."""
-    if not text:
-        return None
-    try:
-        return Version(str(text).strip())
-    except InvalidVersion:
-        return None
-
-
-def version_below(text: str | None, floor: str) -> bool | None:
-    """Whether ``text`` is below ``floor`` (pre-releases of the floor are below it); None when unreadable."""
-    version = parse_version(text)
-    return None if version is None else version < Version(floor)
-
-
-def version_in(text: str | None, spec: str) -> bool | None:
-    """Whether ``text`` satisfies the PEP 440 specifier set ``spec`` (pre-releases included); None when
-    the version is unreadable. An invalid ``spec`` raises ``InvalidSpecifier`` (a caller's bug or bad data)."""
-    version = parse_version(text)
-    return None if version is None else SpecifierSet(spec).contains(version, prereleases=True)
-
-
 __all__ = [
     "Env", "Finder", "IMPORTABLE_KEYS", "InvalidSpecifier", "VERSION_KEYS", "device_problem", "parse_version",
     "probe_env",
     "version_below", "version_in", "visible_gpus",
 ]
-
-
-def device_problem(device: str, flag: str = "--device") -> str | None:
-    """Why the torch device ``device`` (given as ``flag``) cannot run here: a usage error naming what is available,
-    or None. `deltacheck run` and the pytest plugin (``--dc-device``) ask the same question."""
-    import torch
-
-    available = ["cpu"]
-    if torch.cuda.is_available():
-        n = torch.cuda.device_count()
-        available += ["cuda"] + [f"cuda:{i}" for i in range(n)]
-    listed = f"available here: {', '.join(available)}"
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, ValueError):
-        return f"{flag} {device}: not a torch device; {listed}"
-    if parsed.type == "cpu":
-        return None
-    if parsed.type != "cuda":
-        return f"{flag} {device}: deltacheck runs on cpu or cuda; {listed}"
-    if not torch.cuda.is_available():
-        return f"{flag} {device}: this machine has no CUDA device torch can use; {listed}"
-    if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-        return f"{flag} {device}: this machine has {torch.cuda.device_count()} CUDA device(s); {listed}"
-    return None

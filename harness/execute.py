@@ -1,32 +1,33 @@
-"""One run from start to end: open (or resume) its directory, skip what a resumed run already judged, hand the
-tasks to the pool (or run them in this process), tally required mode, write the end record and print the
-closing summary. ``deltacheck run`` / ``verify`` drive it; tests call ``execute`` directly.
+"""One run from start to end, as ``deltacheck run`` / ``verify`` (and ``warmup``) make it: a ``RunSession`` opens (or
+resumes) the directory and owns the verdicts, tally and end record; this module skips what a resumed run already
+judged, hands the tasks to the pool (or runs them in this process), shows progress and prints the closing summary.
+Tests call ``execute`` directly.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import shutil
 import signal
 import sys
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 
 from deltacheck.cases import Case
 
 from . import pool
+from .checks import checks_for
 from .environment import probe_env
-from .exitrule import EXIT_NOTHING_RAN, run_exit_status
+from .exitrule import EXIT_NOTHING_RAN
 from .known import format_known_report
-from .required import RequiredTally, format_required_report, required_pairs
-from .results import Result, ResultStream, end_record, latest_per_check, read_records
-from .rundir import new_run_dir, open_run, resume_run
+from .required import format_required_report, required_pairs
+from .results import latest_per_check, read_records
 from .runner import CaseRunner, RunOptions
-from .task import checks_for, run_task, task_record, task_summary
+from .session import RunSession
+from .task import task_summary
 
 
 class Progress:
@@ -101,51 +102,37 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
     required = required_pairs(environ)
     extra = {"options": asdict(opts), "cases": len(cases)}
     case_ids = [case.id for case in cases]
-    already: dict[tuple[str, str], list[Result]] = {}
     if resume is not None:
-        run_dir = Path(resume)
-        verdicts, already = resume_run(run_dir, backend_specs, env, required, argv or [], extra, case_ids)
+        session = RunSession.resume(resume, backend_specs, env, required, argv or [], extra, case_ids)
     else:
-        run_dir = new_run_dir(out_root)
-        try:
-            verdicts = open_run(run_dir / "results.jsonl", backend_specs, env, required, argv or [],
-                                {**extra, "case_ids": case_ids})
-        except BaseException:
-            shutil.rmtree(run_dir, ignore_errors=True)  # no half-made run directory for reports to trip on
-            raise
-    results_path = run_dir / "results.jsonl"
+        session = RunSession.open(out_root, backend_specs, env, required, argv or [], {**extra, "case_ids": case_ids})
+    run_dir, results_path, verdicts = session.run_dir, session.results_path, session.verdicts
 
     tasks = [(i, (case, spec)) for i, (case, spec) in enumerate((c, s) for c in cases for s in backend_specs)]
-    tally = RequiredTally()
-    statuses: Counter = Counter()
+
     def runnable(case, spec) -> bool:
         verdict = verdicts.get((spec, case.op))  # none: the backend does not implement the op (declined)
         return verdict is not None and verdict.runnable
 
     progress = Progress(len(tasks), will_run=sum(runnable(c, s) for _, (c, s) in tasks))
     by_index = dict(tasks)
-    for case, spec in by_index.values():
-        tally.select(spec, case)
+    session.select(by_index.values())
     resumed: set[int] = set()
 
     def on_done(i, summary):
         case, spec = by_index[i]
-        statuses.update(summary["statuses"])
-        tally.add(spec, case.op, summary, case.id)
+        session.done(case, spec, summary)
         progress.update(f"{spec} {case.id}", runnable=runnable(case, spec), resumed=i in resumed)
 
-    finished_before = []
     for i, (case, spec) in tasks:
-        held = already.get((case.id, spec), [])
-        if held and set(checks_for(case)) <= {r.check for r in held}:
-            finished_before.append(i)
+        held = session.judged_before(case, spec, checks_for(case))
+        if held:
             resumed.add(i)
             on_done(i, task_summary(held))
-    if finished_before:
-        print(f"resuming {run_dir}: {len(finished_before)} of {len(tasks)} tasks were judged before; "
-              f"running the other {len(tasks) - len(finished_before)}", file=sys.stderr)
-        skip = set(finished_before)
-        tasks = [t for t in tasks if t[0] not in skip]
+    if resumed:
+        print(f"resuming {run_dir}: {len(resumed)} of {len(tasks)} tasks were judged before; "
+              f"running the other {len(tasks) - len(resumed)}", file=sys.stderr)
+        tasks = [t for t in tasks if t[0] not in resumed]
 
     try:
         pool.STOPPING.clear()
@@ -154,15 +141,14 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
         try:
             if in_process:
                 runner = CaseRunner(opts)
-                with ResultStream(results_path) as out:
-                    for i, (case, spec) in tasks:
-                        results = run_task(runner, case, spec, env, sink=out.write)
-                        out.write(task_record(case, spec, results))
-                        on_done(i, task_summary(results))
+                for _, (case, spec) in tasks:
+                    session.run_task(runner, case, spec)
+                    progress.update(f"{spec} {case.id}", runnable=runnable(case, spec))
             elif jobs > 1:
-                pool.run_parallel(tasks, run_dir, opts, on_done, jobs, task_timeout)
+                pool.run_parallel(tasks, run_dir, opts, on_done, jobs, task_timeout, pairs=verdicts)
             else:
-                pool.run_in_workers(pool.TaskQueue(tasks), results_path, opts, on_done, task_timeout=task_timeout)
+                pool.run_in_workers(pool.TaskQueue(tasks, verdicts), results_path, opts, on_done,
+                                    task_timeout=task_timeout)
         except KeyboardInterrupt as exc:
             progress.close()
             print(f"\ndeltacheck run: {exc or 'interrupted'}; every check judged so far is in {results_path} "
@@ -171,20 +157,18 @@ def execute(cases: list[Case], backend_specs: list[str], out_root: str | Path, o
             raise
         finally:
             pool.stop_workers()
+            session.close_stream()
             if in_main_thread:
                 signal.signal(signal.SIGTERM, previous_handler)
         progress.close()
-
-        failures = tally.failures(required, verdicts)
-        status = run_exit_status(statuses, failures, tally.known_gone)
-        with ResultStream(results_path) as out:
-            out.write(end_record(statuses, status, failures, {f"{b}:{o}": n for (b, o), n in tally.executed.items()},
-                                 known_gone=tally.known_gone))
+        failures = session.failures()
+        status = session.finish(failures)
     except OSError as exc:
         if exc.errno not in DISK_ERRNOS:
             raise
         raise RunWriteError(results_path, run_dir, exc) from None
-    print_summary(stream, run_dir, verdicts, required, tally.executed, statuses, failures, results_path,
+    tally = session.tally
+    print_summary(stream, run_dir, verdicts, required, tally.executed, tally.statuses, failures, results_path,
                   tally.known_gone)
     if status == EXIT_NOTHING_RAN:
         stream.write(f"NOTHING RAN: no check of the {len(by_index)} task(s) was judged (every one declined or "

@@ -18,7 +18,7 @@ from deltacheck.reference import layouts
 
 from . import compare
 from .backends.base import Backend, backend_for
-from .task import grad_inputs
+from .checks import grad_inputs
 
 F64 = torch.float64
 GRAD_NAMES = {

@@ -25,40 +25,26 @@ from collections import Counter, deque
 from dataclasses import asdict
 from pathlib import Path
 
-from .environment import probe_env, visible_gpus
+from .availability import verdicts_to_json
+from .checks import unjudged_results
+from .cores import torch_threads, usable_cores  # noqa: F401 - torch_threads is asked here by run and env
+from .environment import visible_gpus
 from .leaks import LeakFilter
 from .results import Result, ResultStream, fold_parts, read_records
-from .task import run_task, task_record, task_summary, unjudged_results
+from .shards import compile_family
+from .task import task_summary
 
-PROTOCOL_FD_ENV = "DELTACHECK_WORKER_FD"  # the worker's end of the protocol pipe
+PROTOCOL_FD_ENV = "DELTACHECK_WORKER_FD"  # the worker's end of the protocol pipe (harness/worker.py)
 
 
-def worker_main() -> int:
-    """Entry of ``python -m deltacheck.harness.worker``: a config line, then one task per line on stdin
-    (the parent sends the next after each ``DONE``); results stream to the file the config names, and each
-    finished task is reported on the protocol pipe (never on stdout, which the kernel libraries share)."""
-    from deltacheck.cases import Case
-
-    from .runner import CaseRunner, RunOptions
-
-    fd = int(os.environ.pop(PROTOCOL_FD_ENV))
-    os.set_inheritable(fd, False)  # a compiler the libraries spawn must not hold the pipe open
-    protocol = os.fdopen(fd, "w", buffering=1, encoding="utf-8")
-    config = json.loads(sys.stdin.readline())
-    runner = CaseRunner(RunOptions(**config["opts"]))
-    env = probe_env()
-    # interpreter start, imports and the environment probe: the first task's record carries it
-    start = {"worker_start": max(0.0, time.time() - config["spawned"])} if "spawned" in config else {}
-    with ResultStream(config["results"]) as stream:
-        for line in sys.stdin:
-            task = json.loads(line)
-            case = Case.from_id(task["case"])
-            results = run_task(runner, case, task["backend"], env, sink=stream.write)
-            stream.write(task_record(case, task["backend"], results, phases=start, worker=os.getpid()))
-            start = {}
-            protocol.write(f"DONE {task['i']} {json.dumps(task_summary(results))}\n")
-            protocol.flush()
-    return 0
+def _importable_paths(environ: dict) -> str:
+    """PYTHONPATH for a worker: the caller's, then what this process added to ``sys.path`` beyond the
+    interpreter's own directories, so a ``--backend pkg.mod:attr`` importable here is importable there."""
+    own = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    added = [p for p in sys.path if p and os.path.isdir(p)
+             and not any(os.path.realpath(p).startswith(root + os.sep) or os.path.realpath(p) == root for root in own)]
+    parts = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join(dict.fromkeys(parts + added))
 
 
 def spawn_worker(env: dict | None = None) -> tuple[subprocess.Popen, object]:
@@ -67,6 +53,7 @@ def spawn_worker(env: dict | None = None) -> tuple[subprocess.Popen, object]:
     read_fd, write_fd = os.pipe()
     child_env = dict(os.environ if env is None else env)
     child_env[PROTOCOL_FD_ENV] = str(write_fd)
+    child_env["PYTHONPATH"] = _importable_paths(child_env)
     try:
         proc = subprocess.Popen([sys.executable, "-m", "deltacheck.harness.worker"], stdin=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, bufsize=1, env=child_env, pass_fds=(write_fd,))
@@ -141,7 +128,8 @@ class TaskQueue:
     and the work balances itself however long each family takes — no family is stuck behind a slow one.
     """
 
-    def __init__(self, tasks: list) -> None:
+    def __init__(self, tasks: list, pairs=None) -> None:
+        self.pairs = dict(pairs or {})  # the run's availability verdicts, handed to every worker with its config
         self._lock = threading.Lock()
         self._left: dict[tuple, deque] = {}
         for task in tasks:
@@ -189,6 +177,33 @@ class _Watchdog:
         self.proc.kill()
 
 
+def worker_config(results_path, opts, pairs=None, spawned: float | None = None) -> str:
+    """A worker's config line: where its results go, the run's options, and the run's pair verdicts (computed
+    once by the ``RunSession``, handed to every task instead of being asked again)."""
+    return json.dumps({"results": str(results_path), "opts": asdict(opts), "pairs": verdicts_to_json(pairs or {}),
+                       "spawned": time.time() if spawned is None else spawned})
+
+
+def crash_reason(code: int, timed_out: float | None = None) -> str:
+    """The error a task in flight gets when its worker dies (or is killed by the watchdog)."""
+    if timed_out:
+        return (f"timed out: no result within --task-timeout {timed_out:g} s (a hung kernel, or a limit too short "
+                "for this case's first compile); the worker was killed and the run continued in a fresh one")
+    return f"worker process died ({_describe_exit(code)}) while running this case; the run continued in a fresh worker"
+
+
+def record_crash(results_path, case, spec: str, reason: str) -> dict:
+    """What a dead worker judged of its task is on disk; the checks it never reached become errors. Returns the
+    task's summary."""
+    judged = [Result(**{k: v for k, v in rec.items() if k != "kind"}) for _, rec, _ in read_records(results_path)
+              if rec and rec.get("kind") == "result" and rec["case"] == case.id and rec["backend"] == spec]
+    lost = unjudged_results(case, spec, {r.check for r in judged}, reason)
+    with ResultStream(results_path) as stream:
+        for r in lost:
+            stream.write(r)
+    return {**task_summary(judged + lost), "crashed": reason}
+
+
 def run_in_workers(queue: TaskQueue, results_path, opts, on_done, max_restarts=50, env=None,
                    task_timeout: float | None = None):
     """Run tasks from ``queue`` in a worker process, one in flight at a time, until the queue is empty;
@@ -202,7 +217,7 @@ def run_in_workers(queue: TaskQueue, results_path, opts, on_done, max_restarts=5
         _LIVE_WORKERS.add(proc)
         watchdog = _Watchdog(proc, task_timeout)
         in_flight = task
-        _send(proc, json.dumps({"results": str(results_path), "opts": asdict(opts), "spawned": spawned}), in_flight)
+        _send(proc, worker_config(results_path, opts, queue.pairs, spawned), in_flight)
         watchdog.arm()
         for line in protocol:
             word, _, rest = line.strip().partition(" ")
@@ -234,25 +249,64 @@ def run_in_workers(queue: TaskQueue, results_path, opts, on_done, max_restarts=5
             # task in flight did not crash. Recording it as a kernel crash would be a false finding.
             raise Terminated(f"a worker was stopped ({_describe_exit(code)}): the run was interrupted")
         i, (case, spec) = in_flight
-        if watchdog.fired:
-            reason = (f"timed out: no result within --task-timeout {task_timeout:g} s (a hung kernel, or a limit "
-                      "too short for this case's first compile); the worker was killed and the run continued "
-                      "in a fresh one")
-        else:
-            reason = (f"worker process died ({_describe_exit(code)}) while running this case; the run continued "
-                      "in a fresh worker")
-        # What the worker judged before dying is on disk; the checks it never reached become errors.
-        judged = [Result(**{k: v for k, v in rec.items() if k != "kind"}) for _, rec, _ in read_records(results_path)
-                  if rec and rec.get("kind") == "result" and rec["case"] == case.id and rec["backend"] == spec]
-        lost = unjudged_results(case, spec, {r.check for r in judged}, reason)
-        with ResultStream(results_path) as stream:
-            for r in lost:
-                stream.write(r)
-        on_done(i, {**task_summary(judged + lost), "crashed": reason})
+        on_done(i, record_crash(results_path, case, spec, crash_reason(code, task_timeout if watchdog.fired else None)))
         restarts += 1
         if restarts > max_restarts:
             raise RuntimeError(f"worker crashed {restarts} times; giving up (see {results_path})")
         task = queue.take(compile_family(case, spec))
+
+
+class WorkerClient:
+    """One worker process for tasks handed over one at a time, each waited for (the frontier: the next point depends
+    on the last verdict). A worker that dies (or outlives ``task_timeout``) costs the task in flight — its checks
+    it never reached become errors — and the next task starts a fresh worker."""
+
+    def __init__(self, results_path, opts, pairs=None, env=None, task_timeout: float | None = None) -> None:
+        self.results_path, self.opts, self.pairs, self.env = results_path, opts, pairs, env
+        self.task_timeout = task_timeout
+        self._proc = self._protocol = self._watchdog = None
+        self._sent = 0
+
+    def run(self, case, spec: str) -> dict:
+        """Run one task; its summary (``crashed`` set when the worker died on it)."""
+        config = None
+        if self._proc is None:
+            spawned = time.time()
+            self._proc, self._protocol = spawn_worker(self.env)
+            _LIVE_WORKERS.add(self._proc)
+            self._watchdog = _Watchdog(self._proc, self.task_timeout)
+            config = worker_config(self.results_path, self.opts, self.pairs, spawned)
+        self._sent += 1
+        _send(self._proc, config, (self._sent, (case, spec)))
+        self._watchdog.arm()
+        for line in self._protocol:
+            word, _, rest = line.strip().partition(" ")
+            if word == "DONE":
+                self._watchdog.disarm()
+                return json.loads(rest.partition(" ")[2])
+        code, fired = self._end(), self._watchdog.fired
+        if STOPPING.is_set() or code in (-signal.SIGTERM, -signal.SIGINT):
+            raise Terminated(f"a worker was stopped ({_describe_exit(code)}): the run was interrupted")
+        return record_crash(self.results_path, case, spec, crash_reason(code, self.task_timeout if fired else None))
+
+    def _end(self) -> int:
+        proc, self._proc = self._proc, None
+        self._protocol.close()
+        code = proc.wait()
+        self._watchdog.disarm()
+        _end_forwarding(proc)
+        _LIVE_WORKERS.discard(proc)
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass  # a broken pipe's unflushed bytes: the worker is gone
+        return code
+
+    def close(self) -> None:
+        """End the worker (end of input: it exits on its own)."""
+        if self._proc is not None:
+            _send(self._proc, None, None)
+            self._end()
 
 
 def _send(proc, config: str | None, task) -> None:
@@ -279,50 +333,12 @@ def _describe_exit(code: int) -> str:
     return f"exit status {code}"
 
 
-def compile_family(case, spec: str) -> tuple:
-    """Tasks that share a kernel specialization: same backend, op, dtype and head dims. JIT backends
-    (Triton, cuDNN's runtime compile) build and autotune a kernel per family and process, so keeping a
-    worker on one family saves compiles."""
-    return (spec, case.op, case.io_dtype, case.K, case.V)
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, where the OS says; else every core)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
-def torch_threads(jobs: int = 1, explicit: int | None = None, environ=None, *, cores: int | None = None,
-                  load: float | None = None) -> tuple[int, str]:
-    """(torch threads for each process of a run, how that was decided). ``--threads N`` first, then an explicit
-    ``OMP_NUM_THREADS``; otherwise each of the ``jobs`` processes gets its share of the cores not already busy
-    (the 1-minute load average, read before the run starts): torch's default of a thread per core oversubscribes
-    a shared CI machine, and spinning OpenMP threads then run many times slower than one thread each."""
-    environ = os.environ if environ is None else environ
-    if explicit is not None:
-        return explicit, "--threads"
-    omp = environ.get("OMP_NUM_THREADS", "").strip()
-    if omp.isdigit() and int(omp) > 0:
-        return int(omp), "OMP_NUM_THREADS"
-    cores = usable_cores() if cores is None else cores
-    if load is None:
-        try:
-            load = os.getloadavg()[0]
-        except (AttributeError, OSError):
-            load = 0.0
-    free = min(cores, max(1, cores - int(load)))
-    n = max(1, free // max(1, jobs))
-    return n, (f"{cores} core(s), load {load:.1f}, {jobs} process(es): a share of the free cores each "
-               "(--threads N or OMP_NUM_THREADS to set it)")
-
-
-def run_parallel(tasks, run_dir: Path, opts, on_done, jobs: int, task_timeout: float | None = None) -> None:
+def run_parallel(tasks, run_dir: Path, opts, on_done, jobs: int, task_timeout: float | None = None,
+                 pairs=None) -> None:
     """``jobs`` workers side by side on one shared ``TaskQueue``, each with its own results file; the
     files are folded into results.jsonl when the workers end — also when one raised or the run was
     interrupted. With several GPUs visible, worker k is pinned to GPU k mod count."""
-    queue = TaskQueue(tasks)
+    queue = TaskQueue(tasks, pairs)
     gpus = visible_gpus() if opts.device.startswith("cuda") else []
     lock = threading.Lock()
     errors: list[BaseException] = []
@@ -346,7 +362,7 @@ def run_parallel(tasks, run_dir: Path, opts, on_done, jobs: int, task_timeout: f
             env["CUDA_VISIBLE_DEVICES"] = gpus[k % len(gpus)]
         try:
             run_in_workers(queue, run_dir / f"results.w{k}.jsonl", opts, locked_on_done, env=env,
-                            task_timeout=task_timeout)
+                           task_timeout=task_timeout)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller after every worker ends
             errors.append(exc)
 

@@ -1,24 +1,21 @@
 """Required mode: which backend x op pairs must run, and the one verdict on whether they did.
 
 ``NVTE_GDN2_TEST_REQUIRED=1`` requires cudnn:gdn2, ``NVTE_GDN_TEST_REQUIRED=1`` cudnn:gdn, and
-``DELTACHECK_REQUIRE=cudnn:kda,fla:gdn2`` any pairs (docs/required-mode.md). ``deltacheck run`` and the pytest
-plugin both feed every finished task into a ``RequiredTally`` and print ``format_required_report`` of its
-``failures``, so the two fronts reach the same verdict by construction.
+``DELTACHECK_REQUIRE=cudnn:kda,fla:gdn2`` any pairs (docs/required-mode.md). Every front (``deltacheck run``, the
+pytest plugin, ``merge``) feeds its finished tasks into the one ``tally.RunTally`` and prints
+``format_required_report`` of its ``failures``, so they reach the same verdict by construction.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from deltacheck.cases.support import OPS
 
 from .backends.base import Verdict, registered
-from .known import no_longer_reproduces
 
 
 class RequiredModeError(Exception):
@@ -202,81 +199,3 @@ def format_required_report(failures: Sequence[str]) -> str:
     head = f"deltacheck REQUIRED MODE FAILED: {len(failures)} required pair(s) cannot be qualified"
     bar = "=" * len(head)
     return "\n".join([bar, head, *(f"  * {f}" for f in failures), bar])
-
-
-@dataclass
-class RequiredTally:
-    """What the finished tasks of a run say about each backend x op pair: cases executed, cases declined (with
-    the first reason), and for backward cases that ran forward, whether their gradients were judged.
-    ``add`` takes ``task.task_summary`` dicts; ``merge``/``to_json`` carry a tally across processes (xdist)."""
-
-    executed: Counter = field(default_factory=Counter)
-    declined: Counter = field(default_factory=Counter)
-    decline_reason: dict = field(default_factory=dict)
-    backward_runs: dict = field(default_factory=dict)  # pair -> [backward cases run forward, with grads, reason]
-    backward_selected: set = field(default_factory=set)  # pairs with at least one backward case selected
-    declined_inside: dict = field(default_factory=dict)  # pair -> [count, first case id, its reason]
-    known_gone: list = field(default_factory=list)  # "known issue no longer reproduces" lines (harness/known.py)
-
-    def select(self, spec: str, case) -> None:
-        """Note a selected task (before it runs), so a pair whose backward cases never ran is still seen."""
-        if case.backward:
-            self.backward_selected.add((spec, case.op))
-
-    def add(self, spec: str, op: str, summary: Mapping[str, Any], case_id: str = "") -> None:
-        pair = (spec, op)
-        if summary.get("declined_inside_envelope"):
-            inside = self.declined_inside.setdefault(pair, [0, case_id, summary.get("decline_reason", "")])
-            inside[0] += 1
-        for issue, outcome in (summary.get("known") or {}).items():
-            if outcome == "gone":
-                self.known_gone.append(no_longer_reproduces(issue, case_id, spec))
-        if summary.get("executed"):
-            self.executed[pair] += 1
-        if summary.get("declined"):
-            self.declined[pair] += 1
-            self.decline_reason.setdefault(pair, summary.get("decline_reason", ""))
-        if summary.get("backward_case"):
-            tally = self.backward_runs.setdefault(pair, [0, 0, ""])
-            tally[0] += 1
-            tally[1] += bool(summary.get("backward_ran"))
-            tally[2] = tally[2] or summary.get("backward_reason", "")
-
-    def failures(self, required, verdicts: Mapping[tuple[str, str], Verdict]) -> list[str]:
-        return required_failures(
-            required, verdicts, self.executed,
-            declined={k: (n, self.decline_reason.get(k, "")) for k, n in self.declined.items()},
-            backward_selected=self.backward_selected,
-            backward_runs={k: tuple(v) for k, v in self.backward_runs.items()},
-            declined_inside={k: tuple(v) for k, v in self.declined_inside.items()},
-        )
-
-    def to_json(self) -> dict:
-        return {
-            "executed": [[*k, n] for k, n in self.executed.items()],
-            "declined": [[*k, n] for k, n in self.declined.items()],
-            "decline_reason": [[*k, r] for k, r in self.decline_reason.items()],
-            "backward_runs": [[*k, *v] for k, v in self.backward_runs.items()],
-            "backward_selected": [list(k) for k in self.backward_selected],
-            "declined_inside": [[*k, *v] for k, v in self.declined_inside.items()],
-            "known_gone": list(self.known_gone),
-        }
-
-    def merge(self, data: Mapping[str, Any]) -> None:
-        """Add another process's ``to_json()``."""
-        for spec, op, n in data.get("executed", []):
-            self.executed[(spec, op)] += n
-        for spec, op, n in data.get("declined", []):
-            self.declined[(spec, op)] += n
-        for spec, op, reason in data.get("decline_reason", []):
-            self.decline_reason.setdefault((spec, op), reason)
-        for spec, op, n, ran, reason in data.get("backward_runs", []):
-            tally = self.backward_runs.setdefault((spec, op), [0, 0, ""])
-            tally[0] += n
-            tally[1] += ran
-            tally[2] = tally[2] or reason
-        self.backward_selected.update(tuple(k) for k in data.get("backward_selected", []))
-        for spec, op, n, case_id, reason in data.get("declined_inside", []):
-            inside = self.declined_inside.setdefault((spec, op), [0, case_id, reason])
-            inside[0] += n
-        self.known_gone += [line for line in data.get("known_gone", []) if line not in self.known_gone]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -155,6 +156,12 @@ def latest_per_check(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def utc_now() -> str:
     """The time stamp every record carries: UTC, to the second."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def repro_command(case_id: str, backend: str) -> str:
+    """The one command that re-runs exactly one case against one backend, as every Result, report and frontier
+    record words it (a case id is the case: ``--case`` needs no tier, op or ``-k``)."""
+    return f"deltacheck run --case {shlex.quote(case_id)} --backend {shlex.quote(backend)}"
 
 
 def end_record(counts: dict[str, int], exit_status: int, required_failures: list[str],

@@ -21,7 +21,6 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import accumulate
 
 import torch
 
@@ -30,6 +29,7 @@ from deltacheck.reference import layouts
 
 from . import compare, margins
 from .backends.base import Backend, Verdict, backend_for
+from .checks import checks_for, grad_inputs, stage_checks, task_result
 from .expected import (
     F64,
     GRAD_NAMES,
@@ -44,10 +44,16 @@ from .expected import (
 from .known import load_known_issues
 from .reductions import judge_reduction
 from .results import Result
-from .task import checks_for, grad_inputs, task_result
-
-TOKENWISE = ("q", "k", "v", "g", "beta", "w")
-SEQ_AXIS = {"bshd": 1, "sbhd": 0, "bhsd": 2}
+from .segments import (  # noqa: F401 - guarded and segment_inputs are imported from here by tests and adapters
+    bitwise_equal,
+    guarded,
+    offsets_of,
+    out_empty,
+    prefix_sums,
+    segment_case,
+    segment_inputs,
+    to_packed,
+)
 
 
 @dataclass
@@ -57,99 +63,25 @@ class RunOptions:
     baseline: bool = True  # compute the same-precision baseline for the FlashAttention criterion
     margin: int = 64  # NaN elements each side of every input buffer
     known_issues: tuple[str, ...] = ()  # known-issues files (harness/known.py), loaded by every worker
-    threads: int | None = None  # torch threads in each process that runs tasks (pool.torch_threads); None: torch's
+    threads: int | None = None  # torch threads in each process that runs tasks (cores.torch_threads); None: torch's
 
 
-# --- inputs --------------------------------------------------------------------------------------
+class _Judged:
+    """The results of the task being judged, in order; each goes to ``sink`` the moment it is added, so a hard
+    crash later in the same case loses none of the checks already judged."""
 
-
-def guarded(x: torch.Tensor | None, margin: int) -> torch.Tensor | None:
-    """A copy of ``x`` living inside a buffer whose ``margin`` elements on each side are NaN."""
-    if x is None or not x.is_floating_point() or margin == 0:
-        return x
-    buf = torch.full((x.numel() + 2 * margin,), math.nan, dtype=x.dtype, device=x.device)
-    view = buf[margin : margin + x.numel()].view(x.shape)
-    view.copy_(x)
-    return view
-
-
-def prefix_sums(lengths) -> list[int]:
-    """``[0, l0, l0+l1, ...]``: sequence offsets, the shape of cu_seqlens."""
-    return list(accumulate(lengths, initial=0))
-
-
-def offsets_of(case: Case) -> list[int]:
-    return prefix_sums(case.seqlens)
-
-
-def to_packed(x: torch.Tensor, case: Case) -> torch.Tensor:
-    return layouts.to_thd(x, case.layout)
-
-
-def segment_inputs(case: Case, inputs: dict, seg: int) -> tuple[dict, list[int]]:
-    """The ``seg``-th continuation segment of every sequence, as a smaller input dict of the same layout.
-
-    Segments cut between real tokens: an input with several rows per token (GDP's k, v, beta: rows
-    ``t*n .. t*n+n-1`` for token t) takes all n rows of each token in the segment, never part of them.
-    """
-    bounds = [case.segments(n)[seg] for n in case.seqlens]
-    out = dict(inputs)
-    if case.layout == "thd":
-        offs = offsets_of(case)
-        rows = [torch.arange(offs[i] + a, offs[i] + b) for i, (a, b) in enumerate(bounds)]
-        idx = torch.cat(rows).to(inputs["q"].device)
-        n = case.num_householder
-        sub_idx = (idx.unsqueeze(1) * n + torch.arange(n, device=idx.device)).reshape(-1)
-        for name in TOKENWISE:
-            if inputs.get(name) is not None:
-                rows_of = sub_idx if name in case.support.subtoken_inputs else idx
-                out[name] = inputs[name].index_select(0, rows_of)
-        lens = [b - a for a, b in bounds]
-        out["cu_seqlens"] = torch.tensor(prefix_sums(lens), dtype=inputs["cu_seqlens"].dtype, device=inputs["cu_seqlens"].device)
-    else:
-        a, b = bounds[0]
-        axis = SEQ_AXIS[case.layout]
-        for name in TOKENWISE:
-            if inputs.get(name) is not None:
-                out[name] = inputs[name].narrow(axis, a, b - a)
-        lens = [b - a] * case.N
-    return out, lens
-
-
-def segment_case(case: Case, lens: list[int]) -> Case:
-    return case.replace(seqlens=tuple(lens), splits=())
-
-
-# --- the reference side, computed once per case --------------------------------------------------
-
-
-class _Emitting(list):
-    """A result list that hands each result to ``sink`` the moment it is added, so a hard crash later in
-    the same case loses none of the checks already judged. ``forward_metrics`` are added to the ``forward``
-    result (the task-level facts: the envelope's verdict) before it leaves."""
-
-    def __init__(self, sink=None, forward_metrics=None):
-        super().__init__()
+    def __init__(self, sink=None):
+        self.items: list[Result] = []
         self.sink = sink
-        self.forward_metrics = forward_metrics or {}
 
-    def append(self, result: Result) -> None:
-        if result.check == "forward" and self.forward_metrics:
-            result.metrics.update(self.forward_metrics)
-        super().append(result)
-        if self.sink is not None:
-            self.sink(result)
+    def add(self, *results: Result) -> None:
+        for result in results:
+            self.items.append(result)
+            if self.sink is not None:
+                self.sink(result)
 
-    def extend(self, results) -> None:
-        for r in results:
-            self.append(r)
-
-    def __iadd__(self, results):
-        self.extend(results)
-        return self
-
-
-# --- one case x one backend ----------------------------------------------------------------------
+    def checks(self) -> set[str]:
+        return {r.check for r in self.items}
 
 
 class CaseRunner:
@@ -189,14 +121,14 @@ class CaseRunner:
         return got
 
     def run(self, case: Case, backend: Backend, backend_spec: str, verdict: Verdict, env=None,
-            sink=None, forward_metrics: dict | None = None) -> list[Result]:
+            sink=None) -> list[Result]:
         """Every check of (case, backend); each result also goes to ``sink`` as soon as it is judged. Where the
         time went is left in ``self.phases`` (seconds per phase, this task only)."""
         self.phases = {}
-        results = _Emitting(sink, forward_metrics)
+        results = _Judged(sink)
         with margins.use(self.opts.margin):  # the adapters' converted inputs carry the same NaN margin
-            self._run(case, backend, backend_spec, verdict, base_results=results)
-        return list(results)
+            self._run(case, backend, backend_spec, verdict, results)
+        return results.items
 
     @contextlib.contextmanager
     def _phase(self, name: str):
@@ -209,12 +141,11 @@ class CaseRunner:
             synchronize(self.opts.device)
             self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t0
 
-    def _run(self, case: Case, backend: Backend, backend_spec: str, verdict: Verdict, base_results) -> None:
-        # Every result of this task is made by task.task_result: base(check=..., status=..., ...).
+    def _run(self, case: Case, backend: Backend, backend_spec: str, verdict: Verdict, results: _Judged) -> None:
+        # Every result of this task is made by checks.task_result: base(check=..., status=..., ...).
         base = functools.partial(task_result, case, backend_spec)
-        results = base_results
         if not verdict.runnable:
-            results += [base(check=c, status="skip", reason=verdict.reason) for c in checks_for(case)]
+            results.add(*(base(check=c, status="skip", reason=verdict.reason) for c in checks_for(case)))
             return
         try:
             fresh = f"{case.id}|{reference_name(case, self.opts.reference, backend_spec)}" not in self._expected
@@ -223,7 +154,8 @@ class CaseRunner:
                 for name, seconds in exp.phases.items():
                     self.phases[name] = self.phases.get(name, 0.0) + seconds
         except ReferenceFailure as exc:  # not the backend's fault: no check can be judged
-            results += [base(check=c, status="error", reason=str(exc)) for c in checks_for(case)]
+            results.add(*(base(check=c, status="error", reason=str(exc), metrics={"reference_failed": True})
+                          for c in checks_for(case)))
             return
         # Stages are guarded one by one: an exception is that stage's error result, and the stages
         # after it still run. Only a failing first call leaves nothing to judge.
@@ -241,17 +173,16 @@ class CaseRunner:
         try:
             return fn(*args, results)
         except Exception as exc:  # noqa: BLE001 - a backend's exception is that stage's error result
-            done = {r.check for r in results}
+            done = results.checks()
             reason = f"{type(exc).__name__}: {exc}"
             tb = traceback.format_exc(limit=-3)
-            for c in _stage_checks(case, stage):
-                if c not in done:
-                    results.append(base(check=c, status="error", reason=reason, metrics={"traceback": tb}))
+            results.add(*(base(check=c, status="error", reason=reason, metrics={"traceback": tb})
+                          for c in stage_checks(case, stage) if c not in done))
             return None
 
     def _fill_errors(self, results, case, base, reason):
-        done = {r.check for r in results}
-        results += [base(check=c, status="error", reason=reason) for c in checks_for(case) if c not in done]
+        done = results.checks()
+        results.add(*(base(check=c, status="error", reason=reason) for c in checks_for(case) if c not in done))
 
     def _judge(self, case, quantity, check, actual, expected, baseline, base, seconds, offsets=None,
                reduction: dict | None = None, kind: Callable | None = None):
@@ -365,13 +296,14 @@ class CaseRunner:
             out, state = backend.run(case, inputs)
         seconds = time.perf_counter() - t0
         served = getattr(backend, "served", None)  # e.g. cuDNN: {"engine": graph.selected_engine.name}
-        if callable(served):
-            results.forward_metrics = {**results.forward_metrics, **served()}
         packed = to_packed(out, case)
         # Judged (and streamed) before the backward runs: a crash in the backward keeps these.
-        results.append(self._judge(case, "out", "forward", packed, exp.out, exp.baseline_err.get("out"),
-                                   base, seconds, offsets, kind=self._kind(case, "out", exp)))
-        results.append(self._judge(case, "state", "state", state, exp.state, exp.baseline_err.get("state"),
+        forward = self._judge(case, "out", "forward", packed, exp.out, exp.baseline_err.get("out"), base, seconds,
+                              offsets, kind=self._kind(case, "out", exp))
+        if callable(served):
+            forward.metrics.update(served())
+        results.add(forward)
+        results.add(self._judge(case, "state", "state", state, exp.state, exp.baseline_err.get("state"),
                                    base, seconds, kind=self._kind(case, "state", exp)))
         with self._phase("backward"):
             grads = (input_grads(weighted_loss(case, out, state, opts.device), {n: inputs[n] for n in names})
@@ -380,16 +312,16 @@ class CaseRunner:
             for n in grad_inputs(case):
                 check = f"grad_{n}"
                 if not verdict.backward:
-                    results.append(base(check=check, status="skip", reason=verdict.backward_reason or
+                    results.add(base(check=check, status="skip", reason=verdict.backward_reason or
                                           "backend has no backward for this case"))
                     continue
                 got, want = grads.get(n), exp.grads.get(n)
                 if got is None:
-                    results.append(base(check=check, status="fail", reason=f"backend returned no gradient for {n}"))
+                    results.add(base(check=check, status="fail", reason=f"backend returned no gradient for {n}"))
                     continue
                 q = GRAD_NAMES[n]
                 reduction = self._reduction(case, n, inputs, got, grads, exp)
-                results.append(self._judge(case, q, check, got, want, exp.baseline_err.get(q), base, 0.0,
+                results.add(self._judge(case, q, check, got, want, exp.baseline_err.get(q), base, 0.0,
                                            reduction=reduction))
         return inputs, out, state
 
@@ -400,12 +332,11 @@ class CaseRunner:
         if tuple(state.shape) != want:  # nothing sensible to carry: the backend broke the state contract
             reason = (f"cannot carry the state: backend returned final_state of shape {list(state.shape)}; "
                       f"the contract is float32 key-major [N, HO, K, V] = {list(want)}")
-            results += [base(check=c, status="fail", reason=reason)
-                        for c in ("continuation_ref", "continuation_self")]
+            results.add(*(base(check=c, status="fail", reason=reason) for c in ("continuation_ref", "continuation_self")))
             return
         with self._phase("continuation"):
             chained_out, chained_state = self._continuation(case, backend, inputs)
-        results.append(self._judge(case, "out", "continuation_ref", chained_out, exp.out,
+        results.add(self._judge(case, "out", "continuation_ref", chained_out, exp.out,
                                    exp.baseline_err.get("out"), base, 0.0, offsets))
         r = self._judge(case, "out", "continuation_self", chained_out, packed, None, base, 0.0)
         same_shape = chained_state.shape == state.shape
@@ -418,7 +349,7 @@ class CaseRunner:
                                  carried=case.state_dtype)
         if r.status == "pass" and not state_ok["passed"]:
             r.status, r.reason = "fail", f"chained final state differs from the single call's by rel RMS {state_err:.3e}"
-        results.append(r)
+        results.add(r)
 
     def _determinism(self, case, backend, inputs, out, state, base, results):
         # The second call runs in the same grad mode as the first (some engines plan training and inference
@@ -427,10 +358,10 @@ class CaseRunner:
         with torch.set_grad_enabled(grad_mode), self._phase("steady_call"):  # a warm call: the kernel's own time
             out2, state2 = backend.run(case, inputs)
         if bitwise_equal(out2, out) and bitwise_equal(state2, state):
-            results.append(base(check="determinism", status="pass"))
+            results.add(base(check="determinism", status="pass"))
         else:
             diff = compare.rel_rms(to_packed(out2, case), to_packed(out, case))
-            results.append(base(check="determinism", status="fail",
+            results.add(base(check="determinism", status="fail",
                                   reason=f"two runs differ (output rel RMS {diff:.3e} between runs)",
                                   metrics={"rel_rms": diff}))
 
@@ -469,28 +400,6 @@ class CaseRunner:
         else:
             final = layouts.state_convert(state_vk, "vk", "kv").to(F64)
         return torch.cat(pieces), final
-
-
-def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same bits, NaN payloads included (torch.equal says NaN != NaN, which is not what run-to-run means)."""
-    a, b = a.detach(), b.detach()
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))
-
-
-def out_empty(inputs: dict, case: Case) -> torch.Tensor:
-    return torch.zeros(0, case.HO, case.V, dtype=F64, device=inputs["q"].device)
-
-
-def _stage_checks(case: Case, stage: str) -> list[str]:
-    names = checks_for(case)
-    if stage == "forward":
-        return [c for c in names if c in ("forward", "state") or c.startswith("grad_")]
-    if stage == "continuation_ref":
-        return ["continuation_ref", "continuation_self"]
-    return [stage]
 
 
 def _fmt(x) -> str:

@@ -5,7 +5,7 @@ CI matrices (``deltacheck list/run --shard i/n``, pytest's ``--dc-shard i/n``; d
 ``list --shard`` can print case ids and ``run --shard`` runs exactly those cases.
 
 **The family rule.** Cases are grouped by their compile family without the backend: (op, io dtype, K, V), which
-is ``pool.compile_family(case, spec)`` minus its backend. The assignment reads the selected cases only, never
+is ``compile_family(case, spec)`` (the pool's queue groups by it too) minus its backend. The assignment reads the selected cases only, never
 the backends, so ``list --shard i/n`` (no backend) and ``run --shard i/n --backend ...`` select the same cases;
 and since a case family holds exactly the cases of one compile family per backend, keeping a case family in one
 shard keeps every backend's compile family there too (each shard builds and autotunes it once).
@@ -37,7 +37,13 @@ from dataclasses import dataclass
 
 from deltacheck.cases import Case
 
-from .pool import compile_family
+
+def compile_family(case, spec: str) -> tuple:
+    """Tasks that share a kernel specialization: same backend, op, dtype and head dims. JIT backends
+    (Triton, cuDNN's runtime compile) build and autotune a kernel per family and process, so keeping a
+    worker on one family saves compiles."""
+    return (spec, case.op, case.io_dtype, case.K, case.V)
+
 
 CASE_NS = 20_000_000  # inputs, setup, judging: a case's cost before any token
 TOKEN_NS = 190_000  # one token step of the references, whatever its size (dispatch, Python)

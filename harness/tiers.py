@@ -2,7 +2,8 @@
 backend x op x architecture, the cases that cover that backend's declared envelope — so every fused kernel gets
 the cases it can run, not only the few of a reference-level array it happens to serve.
 
-``TIER_TARGETS`` lists the (backend, architecture) pairs tiers are generated for: FLA (any GPU) and cuDNN on the
+``TIER_TARGETS`` (derived from ``backends/table.py``'s ``tier_targets``) lists the (backend, architecture) pairs tiers
+are generated for: FLA (any GPU) and cuDNN on the
 architectures our lanes run, Hopper (SM90) and Blackwell (SM100; the FROST engines serve SM100-103 and 107
 alike). Engines that need a runtime beyond the architecture (cuTile) are not generated for: their cases come from
 the overlap with the others.
@@ -19,14 +20,13 @@ from pathlib import Path
 import deltacheck.cases as cases_package
 from deltacheck.cases import Case, CaseError
 from deltacheck.cases.envelope import EnvelopeUnion
-from deltacheck.cases.matrix import filter_cases
-from deltacheck.cases.matrix import tier_cases as generated_tier
-from deltacheck.cases.support import OPS
+from deltacheck.cases.matrix import envelope_cases, filter_cases
+from deltacheck.cases.matrix import generate_tier as generated_tier
+from deltacheck.cases.support import OP_SUPPORT, OPS
 
 from .availability import backend_envelope
+from .backends.table import TIER_TARGETS
 from .cachedir import cache_root
-
-TIER_TARGETS: tuple[tuple[str, int | None], ...] = (("cudnn", 90), ("cudnn", 100), ("fla", None))
 
 
 def target_envelopes() -> list[EnvelopeUnion]:
@@ -64,10 +64,28 @@ def tier_cache_file(tier: str, envelopes) -> Path | None:
     return root / f"{tier}-{digest.hexdigest()[:32]}.ids"
 
 
+def plugin_envelopes(specs) -> list[EnvelopeUnion]:
+    """The envelopes third-party backends (``pkg.mod:attr``) among ``specs`` declare (on any architecture): a
+    plug-in with an ``envelopes`` hook gets cases generated inside them, as the built-ins of ``TIER_TARGETS`` do. A
+    plug-in that cannot load or whose hook raises adds none (its tasks then say why it cannot run)."""
+    out = []
+    for spec in specs:
+        if ":" not in spec:
+            continue
+        for op in OPS:
+            try:
+                envelope = backend_envelope(spec, op)
+            except Exception:  # noqa: BLE001 - see above
+                envelope = None
+            if envelope is not None and envelope.members:
+                out.append(envelope)
+    return out
+
+
 @functools.cache
-def _tier(tier: str) -> tuple[Case, ...]:
-    envelopes = target_envelopes()
-    path = tier_cache_file(tier, envelopes)
+def _tier(tier: str, plugins: tuple[str, ...] = ()) -> tuple[Case, ...]:
+    envelopes, extra = target_envelopes(), plugin_envelopes(plugins)
+    path = tier_cache_file(tier, envelopes + extra)
     if path is not None:
         try:
             ids = path.read_text(encoding="utf-8").splitlines()
@@ -76,6 +94,11 @@ def _tier(tier: str) -> tuple[Case, ...]:
         except (OSError, UnicodeError, CaseError):
             pass  # absent or unreadable: generate
     cases = tuple(generated_tier(tier, envelopes))
+    if extra:  # after the built-ins' tier, from a seed of their own: a plug-in adds cases and changes none
+        for group, seed in (([e for e in extra if not OP_SUPPORT[e.op].householder], "plugins"),
+                            ([e for e in extra if OP_SUPPORT[e.op].householder], "householder-plugins")):
+            if group:
+                cases += tuple(c for c in envelope_cases(group, tier, list(cases), seed=seed) if c not in cases)
     if path is not None:
         part = path.with_name(f"{path.name}.{os.getpid()}.part")
         try:
@@ -87,11 +110,17 @@ def _tier(tier: str) -> tuple[Case, ...]:
     return cases
 
 
-def tier_cases(tier: str) -> list[Case]:
-    """Every case of ``tier`` (the same list in every process)."""
-    return list(_tier(tier))
+def tier_cases(tier: str, backends=()) -> list[Case]:
+    """Every case of ``tier`` (the same list in every process); ``backends``: the run's, whose plug-ins' envelopes
+    get cases too."""
+    return list(_tier(tier, _plugins(backends)))
 
 
-def select(tier: str = "L0", op: str | None = None, k: str | None = None) -> list[Case]:
-    """The cases of ``tier``, optionally only those of ``op`` and those whose id matches the ``-k`` expression."""
-    return filter_cases(_tier(tier), op, k)
+def select(tier: str = "L0", op: str | None = None, k: str | None = None, backends=()) -> list[Case]:
+    """The cases of ``tier``, optionally only those of ``op`` and those whose id matches the ``-k`` expression;
+    ``backends``: the run's backend specs (a plug-in among them that declares envelopes adds cases inside them)."""
+    return filter_cases(_tier(tier, _plugins(backends)), op, k)
+
+
+def _plugins(backends) -> tuple[str, ...]:
+    return tuple(sorted({spec for spec in backends or () if ":" in spec}))

@@ -9,9 +9,10 @@ bounds are numbers; on the scale axis each is a ``[below 1, above 1]`` pair.
 from __future__ import annotations
 
 import math
-import shlex
 from dataclasses import dataclass
 from typing import Any
+
+from deltacheck.harness.results import repro_command
 
 from .load import FRONTIER_KEY, finite, number
 
@@ -69,8 +70,8 @@ def frontier_summaries(frontiers: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if rec.get("axis") == "length":
             entry["growth"] = growth(rec)
         failing = first_failing_point(rec)
-        entry["first_fail_repro"] = (f"deltacheck run --case {shlex.quote(str(failing.get('case')))} "
-                                     f"--backend {shlex.quote(str(rec.get('backend')))}") if failing else None
+        entry["first_fail_repro"] = (repro_command(str(failing.get("case")), str(rec.get("backend")))
+                                     if failing else None)
         out.append(entry)
     return out
 

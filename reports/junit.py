@@ -13,7 +13,7 @@ from collections import defaultdict
 from typing import Any
 
 from .load import Run
-from .summary import fmt_err, fmt_headroom, repro_command
+from .summary import fmt_err, fmt_headroom, result_repro
 
 # Characters XML 1.0 cannot hold at all (ElementTree would write them and make the file unreadable).
 _XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
@@ -34,7 +34,7 @@ def _failure_text(result: dict[str, Any]) -> str:
     for key in ("nan", "inf", "first_bad_token", "worst_head", "worst_seq"):
         if m.get(key) is not None:
             lines.append(f"{key}: {m[key]}")
-    lines += ["", f"repro: {repro_command(result)}"]
+    lines += ["", f"repro: {result_repro(result)}"]
     return "\n".join(lines)
 
 

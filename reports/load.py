@@ -158,7 +158,7 @@ def _read_into(run: Run, results_file: Path, problem) -> bool:
             run.header = rec
         elif kind == "gate":
             if not rec.get("backend") or not rec.get("op"):
-                problem(lineno, "availability (gate) record without backend or op")
+                problem(lineno, "availability record (kind \"gate\") without backend or op")
                 continue
             run.gates.append(rec)
         elif kind == "result":

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deltacheck.harness.exitrule import run_exit_status
-from deltacheck.harness.results import ResultStream, end_record, fingerprint
+from deltacheck.harness.results import ResultStream, fingerprint
+from deltacheck.harness.tally import RunTally
 
 from .load import FRONTIER_KEY, RunInputError, latest_per_check, load_run
-from .summary import required_failures
+from .summary import recorded_required_failures
 
 RESULT_FIELDS_DROPPED = ("line",)  # added by the loader, not part of a record
 
@@ -115,13 +115,13 @@ def merge_runs(inputs: list[str | Path], out: str | Path, *, allow_mixed_env: bo
             stream.write({**f, "kind": "frontier"})
         finished = all(run.finished for run in runs)
         if finished:
-            failures = sorted({line for run in runs for line in required_failures(run)[0]})
-            counts = Counter(r["status"] for r in merged)
-            executed: Counter = Counter()
+            failures = sorted({line for run in runs for line in recorded_required_failures(run)[0]})
+            # One tally over the inputs' (their end records carry theirs): a known issue that no longer reproduces
+            # in any shard fails the merge as it failed that shard. Results by status are counted over the merge,
+            # where a rerun's results replace the ones it repeats.
+            tally = RunTally()
             for run in runs:
-                executed.update({k: int(v) for k, v in (run.end or {}).get("executed", {}).items()})
-            # a known issue that no longer reproduces in any shard fails the merge as it failed that shard
-            known_gone = sorted({str(x) for run in runs for x in (run.end or {}).get("known_gone") or []})
-            stream.write(end_record(counts, run_exit_status(counts, failures, known_gone), failures, executed,
-                                    known_gone=known_gone))
+                tally.merge(RunTally.of_end(run.end))
+            tally.statuses = Counter(r["status"] for r in merged)
+            stream.write(tally.end_record(failures))
     return Merged(out, len(runs), len(merged), finished)

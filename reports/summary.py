@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 from collections import Counter
 from typing import Any
 
 from deltacheck.harness.exitrule import run_verdict
-from deltacheck.harness.results import fingerprint
+from deltacheck.harness.results import fingerprint, repro_command
 
 from .frontier import frontier_summaries
 from .load import Run, finite, number
@@ -35,19 +34,16 @@ def badness(value: Any) -> float:
     return math.inf if math.isnan(x) else x
 
 
-def repro_command(result: dict[str, Any]) -> str:
-    """The result's own repro command, else one built from its case id."""
-    if result.get("repro"):
-        return result["repro"]
-    return (f"deltacheck run --backend {shlex.quote(result['backend'])} --op {shlex.quote(result['op'])} "
-            f"-k {shlex.quote(result['case'])}")
+def result_repro(result: dict[str, Any]) -> str:
+    """The result's own repro command, else the same command built from its case id (``results.repro_command``)."""
+    return result.get("repro") or repro_command(str(result["case"]), str(result["backend"]))
 
 
 def _pair(result_or_gate: dict[str, Any]) -> tuple[str, str]:
     return str(result_or_gate.get("backend")), str(result_or_gate.get("op"))
 
 
-def required_failures(run: Run) -> tuple[list[str], bool]:
+def recorded_required_failures(run: Run) -> tuple[list[str], bool]:
     """(lines, derived): the end record's list, or, for a run without one, lines derived from the availability
     records and the results (a required pair that cannot run, or that executed zero cases)."""
     if run.end is not None and isinstance(run.end.get("required_failures"), list):
@@ -243,14 +239,14 @@ def summarize(run: Run) -> dict[str, Any]:
         e["pairs"] = sorted(e["pairs"])
 
     disagreements = [{"case": r["case"], "backend": r["backend"], "op": r["op"],
-                      "note": str(r["metrics"]["envelope_disagreement"]), "repro": repro_command(r)}
+                      "note": str(r["metrics"]["envelope_disagreement"]), "repro": result_repro(r)}
                      for r in results if r["metrics"].get("envelope_disagreement")]
 
     problems = [r for r in results if r["status"] in ("fail", "error")]
     problems.sort(key=lambda r: (r["status"] != "fail", -badness(r["metrics"].get("headroom")), r["case"]))
     failures = [{
         "case": r["case"], "backend": r["backend"], "op": r["op"], "check": r["check"], "status": r["status"],
-        "reason": r["reason"], "metrics": _metrics_brief(r), "repro": repro_command(r),
+        "reason": r["reason"], "metrics": _metrics_brief(r), "repro": result_repro(r),
     } for r in problems]
 
     names = {str(g.get("backend")): str(g["name"]) for g in run.gates if g.get("name")}
@@ -271,7 +267,7 @@ def summarize(run: Run) -> dict[str, Any]:
     } for g in run.gates]
     gates.sort(key=lambda g: (str(g["backend"]), str(g["op"])))
 
-    req_lines, req_derived = required_failures(run)
+    req_lines, req_derived = recorded_required_failures(run)
     end = run.end or {}
     exit_status = end.get("exit_status")
     known_gone = [str(x) for x in (run.end or {}).get("known_gone") or []]
@@ -313,7 +309,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "failures": failures,
         "known": [{"case": r["case"], "backend": r["backend"], "op": r["op"], "check": r["check"],
                    "issue": str(r["metrics"].get("known_issue") or ""), "reason": r["reason"],
-                   "repro": repro_command(r)} for r in results if r["status"] == "known"],
+                   "repro": result_repro(r)} for r in results if r["status"] == "known"],
         "known_gone": known_gone,
         "envelope_disagreements": disagreements,
         "time": time_table(run.tasks),
@@ -391,7 +387,7 @@ __all__ = [
     "finite",
     "fmt_err",
     "fmt_headroom",
-    "repro_command",
+    "result_repro",
     "short_env",
     "summarize",
     "to_json",

@@ -402,3 +402,69 @@ class DropsBetaGuard(Working):
 
     def run(self, case, inputs):
         return get_backend("oracle").run(case.replace(beta_guard=False), inputs)
+
+
+class SteepGateCrashes(SteepGateBreaks):
+    """SteepGateBreaks whose process dies (``os._exit``, as a CUDA illegal address ends one) on the gate point -4:
+    through the pool the frontier loses that point, not the search."""
+
+    name = "steepgatecrashes"
+
+    def run(self, case, inputs):
+        if case.gate == "unif4":
+            os._exit(3)
+        return super().run(case, inputs)
+
+
+class FloorCounting:
+    """The exact chunked reference with floors that count how often they are asked (``FloorCounting.asked``, per
+    op): a run computes each pair's availability once and hands it to every task."""
+
+    name = "floorcounting"
+    ops = frozenset({"gdn", "kda", "gdn2"})
+    asked: dict = {}
+
+    def pair_verdict(self, op, env):
+        FloorCounting.asked[op] = FloorCounting.asked.get(op, 0) + 1
+        return Verdict.ok()
+
+    def check(self, case, env):
+        return Verdict.ok()
+
+    def run(self, case, inputs):
+        return get_backend("chunked").run(case, inputs)
+
+
+class NarrowEnvelope(Working):
+    """A third party's backend declaring a narrow envelope (gdn2, fp16, bhsd, K x V = 64 x 128, zero gate) through the plug-in
+    API's ``envelopes`` hook: the generated tier gets cases inside it, as the built-ins' envelopes get theirs."""
+
+    name = "narrow-envelope"
+    envelope = Envelope("narrow gdn2 fp16 bhsd 64x128 zero", "gdn2",
+                        allowed={"io_dtype": ("fp16",), "layout": ("bhsd",), "dims": ("64x128",), "gate": ("zero",)})
+
+    def envelopes(self, op, env=None, sm=None):
+        return [self.envelope] if op == "gdn2" else []
+
+
+class OldStyle:
+    """A plug-in written against the API before issue 23: the four protocol members, a ``version_key`` the probe
+    does not know, a ``load`` and a ``pair_verdict(op, env)`` — every hook found by name, as before."""
+
+    name = "old-style"
+    ops = frozenset({"kda"})
+    version_key = "old_style_lib"
+    loads = 0
+
+    def pair_verdict(self, op, env):
+        return Verdict.ok()
+
+    def load(self, op):
+        OldStyle.loads += 1
+        return Verdict.ok()
+
+    def check(self, case, env):
+        return Verdict.ok()
+
+    def run(self, case, inputs):
+        return get_backend("oracle").run(case, inputs)

@@ -66,6 +66,55 @@ def test_data_flows_one_way(folder):
     assert not offenders, offenders
 
 
+# harness/'s rooms, in the order data flows: a module imports only from its own room or one to its left. The same
+# table drives /work/notes/regroup.py, which moves the flat modules into harness/<room>/; the rule is checked on
+# either layout (a flat module's room by its name, a regrouped one's by its folder).
+ROOMS = {
+    "records": ("results", "exitrule", "cachedir"),
+    "machine": ("environment", "availability", "cores", "leaks", "devices", "versions"),
+    "ci": ("known", "required", "shards", "tiers"),
+    "judge": ("checks", "compare", "expected", "margins", "reductions", "segments", "runner"),
+    "run": ("task", "tally", "session", "rundir", "pool", "worker", "execute", "frontier"),
+}
+ROOM_OF = {name: room for room, names in ROOMS.items() for name in names}
+
+
+def _room(dotted: str) -> str | None:
+    parts = dotted.split(".")
+    if parts[:2] != ["deltacheck", "harness"] or len(parts) < 3:
+        return None
+    return parts[2] if parts[2] in ROOMS else ROOM_OF.get(parts[2])
+
+
+def _modules_imported(path: Path) -> list[str]:
+    """Like ``_imports``, and ``from pkg import mod`` also names ``pkg.mod`` (``from . import compare``)."""
+    package = "deltacheck." + ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            names += [base] + [f"{base}.{a.name}" for a in node.names]
+    return names
+
+
+def test_harness_rooms_flow_one_way():
+    offenders = []
+    for path in _sources("harness"):
+        mine = _room("deltacheck." + ".".join(path.relative_to(ROOT).with_suffix("").parts))
+        if mine is None:
+            continue
+        for name in _modules_imported(path):
+            theirs = _room(name)
+            if theirs is not None and list(ROOMS).index(theirs) > list(ROOMS).index(mine):
+                offenders.append(f"{path.relative_to(ROOT)} ({mine}) imports {name} ({theirs})")
+    assert not offenders, offenders
+
+
 def test_no_module_imports_a_command():
     """Commands (harness/commands/, reports/cli.py, the CLI itself) import the code they drive, never the reverse."""
     offenders = []

@@ -24,7 +24,8 @@ from child_env import HANG_GUARD_S
 
 from deltacheck.harness import cli
 from deltacheck.harness import environment as gate
-from deltacheck.harness.availability import library_verdict, pair_verdict
+from deltacheck.harness.availability import floors_by_name as pair_verdict
+from deltacheck.harness.availability import library_verdict
 from deltacheck.harness.backends.base import Verdict
 from deltacheck.harness.backends.cudnn import CudnnBackend
 from deltacheck.harness.backends.fla import FlaBackend
@@ -731,7 +732,7 @@ def test_an_ill_posed_case_ran_it_was_not_declined(ill_posed):
     """On the H200, DELTACHECK_REQUIRE=cudnn:kda failed both ways with 'declined 1 case(s) inside the envelope'
     when the kernel had run a case whose bf16 baseline misses the threshold too (skipped as ill-posed). Such a
     skip is an execution: not a decline, and not a refusal inside the envelope."""
-    from deltacheck.harness.required import RequiredTally
+    from deltacheck.harness.tally import RunTally as RequiredTally
     from deltacheck.harness.task import task_summary
 
     skip = _forward("skip", "ill-posed at bf16: ..." if ill_posed else "cuDNN declined: no engine",

@@ -12,7 +12,7 @@ from doubles import fla_ops
 
 from deltacheck.cases import Case
 from deltacheck.cases.envelope import Envelope
-from deltacheck.harness.availability import backend_envelope, envelope_verdict
+from deltacheck.harness.availability import backend_envelope, envelope_note
 from deltacheck.harness.backends.base import get_backend
 from deltacheck.harness.backends.fla import FlaBackend
 from deltacheck.harness.cli import main as cli_main
@@ -105,10 +105,10 @@ def test_disagreements_with_the_envelope_are_noted_on_the_result():
 def _noted(backend, env):
     inside = Case(op="kda", seqlens=(5,), K=64, V=64)
     outside = Case(op="kda", seqlens=(5,), K=128, V=128)
-    note = envelope_verdict(backend, "mine", inside, env, backend.check(inside, env))
+    note = envelope_note(backend, "mine", inside, env, backend.check(inside, env))
     assert note["envelope_inside"] and "declined inside its declared envelope" in note["envelope_disagreement"]
     assert "engine refused (fake)" in note["envelope_disagreement"]
-    note = envelope_verdict(backend, "mine", outside, env, backend.check(outside, env))
+    note = envelope_note(backend, "mine", outside, env, backend.check(outside, env))
     assert not note["envelope_inside"] and "ran outside its declared envelope" in note["envelope_disagreement"]
     assert "dims=128x128" in note["envelope_disagreement"]
     # and the forward result carries it
@@ -120,7 +120,7 @@ def _noted(backend, env):
 def test_agreement_leaves_no_note():
     backend = FlaBackend(fla_ops.make())
     case = next(c for c in tier_cases("L0") if c.op == "kda" and backend.check(c, CAPABLE).runnable)
-    note = envelope_verdict(backend, "fla", case, CAPABLE, backend.check(case, CAPABLE))
+    note = envelope_note(backend, "fla", case, CAPABLE, backend.check(case, CAPABLE))
     assert note["envelope_inside"] and note["envelope_disagreement"] == ""
 
 

@@ -181,12 +181,13 @@ def _construct(spec: str, what: str, factory: Callable[[], Any]) -> Any:
 
 
 def _import_builtin() -> None:
-    # The built-in adapters register themselves on import; none imports a fused library at module level.
-    from . import reference  # noqa: F401
+    # The built-in adapters (backends/table.py) register themselves on import; none imports a fused library at
+    # module level. An optional package missing from a trimmed install is skipped; any other import error is a bug.
+    from .table import BUILTINS
 
-    for optional in ("cudnn", "fla", "te"):
+    for entry in BUILTINS:
         try:
-            importlib.import_module(f"{__package__}.{optional}")
+            importlib.import_module(f"{__package__}.{entry.package}")
         except ModuleNotFoundError as exc:
-            if exc.name != f"{__package__}.{optional}":
+            if not entry.optional or exc.name != f"{__package__}.{entry.package}":
                 raise

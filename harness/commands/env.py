@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 from deltacheck.cases.support import OPS
 from deltacheck.harness.availability import library_verdict, load_backend, pair_availability
-from deltacheck.harness.backends.base import Verdict, get_backend, registered
+from deltacheck.harness.backends.base import Verdict, backend_for, registered
 from deltacheck.harness.environment import Env, probe_env
 from deltacheck.harness.required import RequireSpecError, format_required_report, required_spec, strip_pair
 
@@ -29,10 +29,10 @@ _PACKAGE_ROWS = (
 
 def fused_backends() -> list[str]:
     """The registered backends that have floors of their own (the fused adapters), in registry order."""
-    return [name for name in registered() if callable(getattr(get_backend(name), "pair_verdict", None))]
+    return [name for name in registered() if callable(getattr(backend_for(name), "pair_verdict", None))]
 
 
-def _pair_verdict(spec: str, op: str, env: Env, imports: bool) -> Verdict:
+def _env_verdict(spec: str, op: str, env: Env, imports: bool) -> Verdict:
     """Our floors; with ``imports``, also the library's import and entry point."""
     backend, load_error = load_backend(spec)
     if backend is None:
@@ -44,7 +44,7 @@ def env_report(env: Env, environ: Mapping[str, str] | None = None, *, imports: b
     """What ``deltacheck env --json`` prints: the snapshot, every fused pair's verdict, required mode."""
     # Each fused backend with the ops it implements (te has no kda, fla no gdp); a required pair outside that
     # is still added below and reported.
-    pairs = [(b, o) for b in fused_backends() for o in OPS if o in get_backend(b).ops]
+    pairs = [(b, o) for b in fused_backends() for o in OPS if o in backend_for(b).ops]
     try:
         spec = required_spec(environ)
         spec_error = ""
@@ -53,7 +53,7 @@ def env_report(env: Env, environ: Mapping[str, str] | None = None, *, imports: b
     for pair in spec:
         if pair not in pairs:
             pairs.append(pair)
-    verdicts = {p: _pair_verdict(*p, env, imports) for p in pairs}
+    verdicts = {p: _env_verdict(*p, env, imports) for p in pairs}
     failing = [
         f"REQUIRED {b}:{o} cannot run: {strip_pair(verdicts[(b, o)].reason, f'{b}:{o}')} [required by {src}]"
         for (b, o), src in sorted(spec.items())

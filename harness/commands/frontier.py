@@ -1,25 +1,27 @@
 """``deltacheck frontier``: where a kernel stops being right along the log-decay (gate), the sequence length or the
 input scale. The searches and the judge live in ``harness/frontier.py``; this module parses, checks the request,
-writes the run directory (a ``result`` record per judged check, a ``frontier`` record per backend x op x dtype x
-axis) and the ``--json`` file, and prints each frontier."""
+writes the run directory through a ``RunSession`` (a ``result`` record per judged check, a ``frontier`` record per
+backend x op x dtype x axis) and the ``--json`` file, and prints each frontier. Each point runs in a pool worker
+(``pool.WorkerClient``): a crashing kernel costs the point it crashed on, not the search."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
 from deltacheck.cases import Case, CaseError
 from deltacheck.cases.spec import IO_DTYPES
 from deltacheck.cases.support import OPS
+from deltacheck.harness import pool
 from deltacheck.harness.availability import load_backend
+from deltacheck.harness.checks import repro_command
 from deltacheck.harness.environment import probe_env
+from deltacheck.harness.exitrule import frontier_exit_status
 from deltacheck.harness.frontier import (
     AXES,
-    DECLINED,
     LENGTH_CAP,
     LENGTH_START,
     CaseJudge,
@@ -27,11 +29,9 @@ from deltacheck.harness.frontier import (
     choose_base_case,
     search,
 )
-from deltacheck.harness.exitrule import frontier_exit_status
-from deltacheck.harness.results import ResultStream, end_record
-from deltacheck.harness.rundir import new_run_dir, open_run
-from deltacheck.harness.runner import CaseRunner, RunOptions
-from deltacheck.harness.task import repro_command
+from deltacheck.harness.results import Result, fold_parts, latest_per_check, read_records
+from deltacheck.harness.runner import RunOptions
+from deltacheck.harness.session import RunSession
 
 PROG = "deltacheck frontier"
 EXIT_UNMEASURED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
@@ -136,42 +136,55 @@ def measure(args, stream=None) -> int:
 
     env = probe_env()
     opts = RunOptions(device=device, reference="auto", baseline=True)
-    runner = CaseRunner(opts)
-    run_dir = new_run_dir(args.out)
-    results_path = run_dir / "results.jsonl"
     request = {"ops": ops, "dtypes": dtypes, "axes": axes, "max_length": cap, "base_case": args.base_case}
-    open_run(results_path, list(backends), env, set(), sys.argv[1:],
-             extra={"options": asdict(opts), "command": "frontier", "frontier": request})
+    session = RunSession.open(args.out, list(backends), env, set(), sys.argv[1:],
+                              extra={"options": asdict(opts), "command": "frontier", "frontier": request})
+    run_dir, results_path = session.run_dir, session.results_path
+    # Every point runs in a worker process (one kept for the whole search): a kernel that crashes its process
+    # costs that point, recorded as an error, and the search goes on in a fresh worker.
+    points_path = run_dir / "results.w0.jsonl"
+    pool.STOPPING.clear()  # a run before this one in the process (a test, --report) ended its workers on purpose
+    client = pool.WorkerClient(points_path, opts, pairs=session.verdicts)
     records, unmeasured = [], []
-    statuses, executed = Counter(), Counter()
-    with ResultStream(results_path) as out:
-        def sink(result) -> None:
-            statuses[result.status] += 1
-            out.write(result)
 
-        try:
-            for spec, backend in backends.items():
-                for op in ops:
-                    for dtype in dtypes:
-                        base, refused = (base_given, []) if base_given else choose_base_case(backend, spec, op,
-                                                                                             dtype, env)
-                        if base is None:
-                            unmeasured.append(f"{spec}:{op} {dtype}")
-                            stream.write(f"\n{spec}:{op} {dtype}: no frontier: the backend declined every candidate "
-                                         "base case:\n" + "".join(f"  {line}\n" for line in refused))
-                            continue
-                        for axis in axes:
-                            judge = CaseJudge(runner, backend, spec, base, axis, env, sink)
-                            record = search(axis, judge, cap).record(spec, op, dtype, base.id)
-                            executed[f"{spec}:{op}"] += sum(p["verdict"] != DECLINED for p in record["points"])
-                            out.write({"kind": "frontier", **record})
-                            records.append(record)
-                            _print_record(record, spec, stream)
-        except KeyboardInterrupt:
-            stream.write(f"\n{PROG}: interrupted; the points judged so far are in {results_path} (no end record)\n")
-            return EXIT_INTERRUPTED
-        status = frontier_exit_status(unmeasured)
-        out.write(end_record(statuses, status, [], dict(executed)))
+    def run_case(spec: str):
+        def run(case):
+            summary = client.run(case, spec)
+            session.done(case, spec, summary)
+            held = [rec for _, rec, _ in read_records(points_path)
+                    if rec and rec.get("kind") == "result" and rec["case"] == case.id and rec["backend"] == spec]
+            return [Result(**{k: v for k, v in rec.items() if k != "kind"}) for rec in latest_per_check(held)]
+        return run
+
+    def declined(result) -> None:
+        session.write(result)
+        session.tally.statuses[result.status] += 1
+
+    try:
+        for spec, backend in backends.items():
+            for op in ops:
+                for dtype in dtypes:
+                    base, refused = (base_given, []) if base_given else choose_base_case(backend, spec, op, dtype, env)
+                    if base is None:
+                        unmeasured.append(f"{spec}:{op} {dtype}")
+                        stream.write(f"\n{spec}:{op} {dtype}: no frontier: the backend declined every candidate "
+                                     "base case:\n" + "".join(f"  {line}\n" for line in refused))
+                        continue
+                    for axis in axes:
+                        judge = CaseJudge(None, backend, spec, base, axis, env, declined, run_case=run_case(spec))
+                        record = search(axis, judge, cap).record(spec, op, dtype, base.id)
+                        session.write({"kind": "frontier", **record})
+                        records.append(record)
+                        _print_record(record, spec, stream)
+    except KeyboardInterrupt:
+        stream.write(f"\n{PROG}: interrupted; the points judged so far are in {results_path} (no end record)\n")
+        return EXIT_INTERRUPTED
+    finally:
+        client.close()
+        pool.stop_workers()
+        session.close_stream()
+        fold_parts(results_path, [points_path] if points_path.exists() else [])
+    status = session.finish([], exit_status=frontier_exit_status(unmeasured))
     if args.json:
         target = Path(args.json)
         if target.parent != Path(""):

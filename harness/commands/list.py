@@ -52,7 +52,8 @@ def run_list(args: argparse.Namespace, out=None) -> int:
         print(f"deltacheck list: --shard: {error}", file=sys.stderr)
         return 2
     try:
-        cases = [c for op in ops for c in select(tier=args.tier, op=op, k=args.k)]
+        plugin = [args.backend] if getattr(args, "backend", None) else []
+        cases = [c for op in ops for c in select(tier=args.tier, op=op, k=args.k, backends=plugin)]
     except (CaseError, KExprError) as error:
         print(f"deltacheck list: {error}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from deltacheck.cases.support import OPS
 from deltacheck.harness import leaks, pool
 from deltacheck.harness.availability import case_verdict, load_backend, pair_availability
 from deltacheck.harness.backends.base import Verdict, registered, unknown_backends_message
+from deltacheck.harness.backends.table import FUSED_DEFAULT, help_names
 from deltacheck.harness.environment import device_problem, probe_env
 from deltacheck.harness.execute import RunWriteError, execute
 from deltacheck.harness.known import KnownIssuesError, known_issue_paths, load_known_issues, run_backend_names
@@ -30,8 +31,6 @@ from deltacheck.harness.rundir import ResumeError, RunDirError
 from deltacheck.harness.runner import RunOptions
 from deltacheck.harness.shards import Shard, ShardError, pairs_elsewhere, shard_cases
 from deltacheck.harness.tiers import select
-
-FUSED_DEFAULT = ("cudnn", "fla")
 
 
 def _unique(values: list[str], flag: str) -> list[str]:
@@ -56,10 +55,10 @@ def _select_cases(args) -> tuple[list[Case], list[Case]]:
         ops = _unique(args.op, "--op") if args.op else [None]
         cases = []
         for op in ops:
-            cases += select(tier=args.tier, op=op, k=args.k)
+            cases += select(tier=args.tier, op=op, k=args.k, backends=args.backend or ())
         if not cases:
             where = f"tier {args.tier}" + (f" with --op {' --op '.join(ops)}" if args.op else "")
-            before_k = sum(len(select(tier=args.tier, op=op)) for op in ops)
+            before_k = sum(len(select(tier=args.tier, op=op, backends=args.backend or ())) for op in ops)
             if args.k and before_k:
                 raise ValueError(f"no case selected: -k {args.k!r} matched none of the {before_k} cases of {where}")
             raise ValueError(f"no case selected: {where} has no cases")
@@ -326,9 +325,8 @@ def add_cli(sub) -> None:
                        epilog=REQUIRED_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_common(p)
     p.add_argument("--backend", action="append",
-                   help="backend name (cudnn, cudnn@<engine> e.g. cudnn@gdn_cutile, fla, fla-recurrent, te, te-checkpoint, oracle, "
-                        "chunked, baseline) or pkg.mod:attr "
-                        "(repeatable; default: cudnn and fla)")
+                   help=f"backend name ({help_names()}) or pkg.mod:attr "
+                        f"(repeatable; default: {' and '.join(FUSED_DEFAULT)})")
     p.add_argument("--report", action="store_true", help="render the reports into the run directory afterwards")
     p.set_defaults(func=cmd_run)
 

@@ -1,0 +1,80 @@
+"""The built-in backends, one declarative entry each: every list of backend names in deltacheck is derived from here
+(the registry's imports, the run/verify/pytest defaults, the generated tiers' targets, the pytest markers, the
+benchmark lanes, the names the help texts list). Imports nothing: reading the table costs nothing and needs no
+library.
+
+Adding a backend is this one entry plus its adapter package ``harness/backends/<package>/`` (its ``__init__``
+registers the names with ``base.register``; docs/backends.md, "Adding a built-in backend").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BuiltinBackend:
+    """One built-in adapter package.
+
+    - ``package``: the subpackage of ``harness/backends`` whose import registers ``names``;
+    - ``names``: the registered names (a name ending in ``@*`` stands for a family the package registers, e.g.
+      ``cudnn@<engine>``: shown in help texts, never run by default);
+    - ``distribution``: the PyPI distribution of the library it calls (None: deltacheck's own code);
+    - ``version_key``: the ``Env.versions`` key of that distribution;
+    - ``floors``: where its floors live (``module:function``, the adapter's ``pair_verdict``);
+    - ``envelopes``: whether it declares envelopes (``envelopes(op, env=, sm=)``);
+    - ``tier_targets``: the architectures the generated tiers cover its envelopes for (None: any GPU);
+    - ``fused``: part of the default fused set of ``run`` / ``verify`` / the pytest plugin (the first name);
+    - ``optional``: the package may be absent from a trimmed install (its import is skipped, not an error);
+    - ``lanes``: the names the fused lane benchmark runs by default (bench/lanes.py).
+    """
+
+    package: str
+    names: tuple[str, ...]
+    distribution: str | None = None
+    version_key: str | None = None
+    floors: str | None = None
+    envelopes: bool = False
+    tier_targets: tuple[int | None, ...] = ()
+    fused: bool = False
+    optional: bool = True
+    lanes: tuple[str, ...] = ()
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """The pytest markers of its concrete names (``backend_<name>``)."""
+        return tuple(marker(n) for n in self.names if not n.endswith("@*"))
+
+
+BUILTINS: tuple[BuiltinBackend, ...] = (
+    BuiltinBackend("reference", ("oracle", "chunked", "baseline"), optional=False),
+    BuiltinBackend("cudnn", ("cudnn", "cudnn@*"), distribution="nvidia-cudnn-frontend", version_key="cudnn_frontend",
+                   floors="deltacheck.harness.backends.cudnn.facts:pair_verdict", envelopes=True,
+                   tier_targets=(90, 100), fused=True, lanes=("cudnn",)),
+    BuiltinBackend("fla", ("fla", "fla-recurrent"), distribution="fla-core", version_key="fla",
+                   floors="deltacheck.harness.backends.fla.facts:pair_verdict", envelopes=True, tier_targets=(None,),
+                   fused=True, lanes=("fla",)),
+    BuiltinBackend("te", ("te", "te-checkpoint"), distribution="transformer-engine", version_key="transformer_engine",
+                   floors="deltacheck.harness.backends.te.facts:pair_verdict", envelopes=True),
+)
+
+
+def marker(name: str) -> str:
+    """A backend name as a pytest marker: ``cudnn@gdn_cutile`` -> ``backend_cudnn_gdn_cutile``."""
+    return "backend_" + name.replace("-", "_").replace("@", "_")
+
+
+def packages(*, optional: bool | None = None) -> list[str]:
+    """The adapter packages, the reference first (``optional``: only those that may be absent, or only not)."""
+    return [b.package for b in BUILTINS if optional is None or b.optional == optional]
+
+
+FUSED_DEFAULT: tuple[str, ...] = tuple(b.names[0] for b in BUILTINS if b.fused)
+TIER_TARGETS: tuple[tuple[str, int | None], ...] = tuple((b.names[0], sm) for b in BUILTINS for sm in b.tier_targets)
+LANES_DEFAULT: tuple[str, ...] = tuple(n for b in BUILTINS for n in b.lanes)
+
+
+def help_names() -> str:
+    """Every built-in name for a ``--backend`` help text (``cudnn@<engine>`` for a family)."""
+    names = [n.replace("@*", "@<engine>") for b in BUILTINS[1:] + BUILTINS[:1] for n in b.names]
+    return ", ".join(names)

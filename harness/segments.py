@@ -1,0 +1,88 @@
+"""What a task hands a backend and gets back, as tensors: inputs inside NaN-margined buffers (``guarded``), the
+continuation's segments of a case (``segment_inputs``, ``segment_case``), packing to thd, and run-to-run bitwise
+equality. The runner (``harness/runner.py``) calls these; they judge nothing."""
+
+from __future__ import annotations
+
+import math
+from itertools import accumulate
+
+import torch
+
+from deltacheck.cases import Case
+from deltacheck.reference import layouts
+
+F64 = torch.float64
+
+TOKENWISE = ("q", "k", "v", "g", "beta", "w")
+SEQ_AXIS = {"bshd": 1, "sbhd": 0, "bhsd": 2}
+
+
+def guarded(x: torch.Tensor | None, margin: int) -> torch.Tensor | None:
+    """A copy of ``x`` living inside a buffer whose ``margin`` elements on each side are NaN."""
+    if x is None or not x.is_floating_point() or margin == 0:
+        return x
+    buf = torch.full((x.numel() + 2 * margin,), math.nan, dtype=x.dtype, device=x.device)
+    view = buf[margin : margin + x.numel()].view(x.shape)
+    view.copy_(x)
+    return view
+
+
+def prefix_sums(lengths) -> list[int]:
+    """``[0, l0, l0+l1, ...]``: sequence offsets, the shape of cu_seqlens."""
+    return list(accumulate(lengths, initial=0))
+
+
+def offsets_of(case: Case) -> list[int]:
+    return prefix_sums(case.seqlens)
+
+
+def to_packed(x: torch.Tensor, case: Case) -> torch.Tensor:
+    return layouts.to_thd(x, case.layout)
+
+
+def segment_inputs(case: Case, inputs: dict, seg: int) -> tuple[dict, list[int]]:
+    """The ``seg``-th continuation segment of every sequence, as a smaller input dict of the same layout.
+
+    Segments cut between real tokens: an input with several rows per token (GDP's k, v, beta: rows
+    ``t*n .. t*n+n-1`` for token t) takes all n rows of each token in the segment, never part of them.
+    """
+    bounds = [case.segments(n)[seg] for n in case.seqlens]
+    out = dict(inputs)
+    if case.layout == "thd":
+        offs = offsets_of(case)
+        rows = [torch.arange(offs[i] + a, offs[i] + b) for i, (a, b) in enumerate(bounds)]
+        idx = torch.cat(rows).to(inputs["q"].device)
+        n = case.num_householder
+        sub_idx = (idx.unsqueeze(1) * n + torch.arange(n, device=idx.device)).reshape(-1)
+        for name in TOKENWISE:
+            if inputs.get(name) is not None:
+                rows_of = sub_idx if name in case.support.subtoken_inputs else idx
+                out[name] = inputs[name].index_select(0, rows_of)
+        lens = [b - a for a, b in bounds]
+        out["cu_seqlens"] = torch.tensor(prefix_sums(lens), dtype=inputs["cu_seqlens"].dtype, device=inputs["cu_seqlens"].device)
+    else:
+        a, b = bounds[0]
+        axis = SEQ_AXIS[case.layout]
+        for name in TOKENWISE:
+            if inputs.get(name) is not None:
+                out[name] = inputs[name].narrow(axis, a, b - a)
+        lens = [b - a] * case.N
+    return out, lens
+
+
+def segment_case(case: Case, lens: list[int]) -> Case:
+    return case.replace(seqlens=tuple(lens), splits=())
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same bits, NaN payloads included (torch.equal says NaN != NaN, which is not what run-to-run means)."""
+    a, b = a.detach(), b.detach()
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))
+
+
+def out_empty(inputs: dict, case: Case) -> torch.Tensor:
+    return torch.zeros(0, case.HO, case.V, dtype=F64, device=inputs["q"].device)
