@@ -73,8 +73,46 @@ VARIANTS = {
     "bwd48": ({}, {(_C, "BACKWARD_SEGMENT_BYTES"): 48 * MIB}),
     "gb": ({"graph_backward": True}, {}),
     "gb-bwd16": ({"graph_backward": True}, {(_C, "BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
+    "gb-bwd8": ({"graph_backward": True}, {(_C, "BACKWARD_SEGMENT_BYTES"): 8 * MIB}),
     "gb-c128": ({"graph_backward": True, "chunk_size": 128}, {}),
+    # the forward replayed too, in GRAPH_FORWARD_SEGMENT_BYTES segments (a multiple of the backward's)
+    "gf": ({"graph_forward": True}, {}),
+    "gf64": ({"graph_forward": True}, {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 64 * MIB}),
+    "gfgb": ({"graph_forward": True, "graph_backward": True}, {}),
+    "gfgb16": ({"graph_forward": True, "graph_backward": True},
+               {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 16 * MIB, (_C, "BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
+    "gfgb8": ({"graph_forward": True, "graph_backward": True},
+              {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 8 * MIB, (_C, "BACKWARD_SEGMENT_BYTES"): 8 * MIB}),
+    "gfgb16-c128": ({"graph_forward": True, "graph_backward": True, "chunk_size": 128},
+                    {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 16 * MIB, (_C, "BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
 }
+
+
+def _origin():
+    """``chunked_gdn2`` of an unmodified copy of the reference, where one was put at bench/_origin_ref/ (a package
+    holding that revision's chunked.py and chunked_intra.py): the before of a side-by-side run. Else None."""
+    if not (_HERE / "_origin_ref" / "chunked.py").is_file():
+        return None
+    sys.path.insert(0, str(_HERE))
+    try:
+        from _origin_ref.chunked import chunked_gdn2
+    except Exception as e:  # noqa: BLE001 - no before row
+        print(f"origin: {type(e).__name__}: {e}")
+        return None
+    finally:
+        sys.path.remove(str(_HERE))
+    return chunked_gdn2
+
+
+ORIGIN = _origin()
+if ORIGIN is not None:
+    VARIANTS = {"origin": ({"_fn": ORIGIN}, {}), **VARIANTS}
+
+
+def _core(kw):
+    """``(chunked_gdn2 to call, its keywords)`` of a variant."""
+    kw = dict(kw)
+    return kw.pop("_fn", chunked.chunked_gdn2), kw
 
 
 @contextlib.contextmanager
@@ -141,14 +179,15 @@ def worst_error(got, ref):
 def time_variant(kw, inputs, cot, device, warmup, reps, scale):
     """``{fwd_ms, fwd_peak_gib, fwdbwd_ms, fwdbwd_peak_gib}`` of one variant."""
     row = {}
+    core, kw = _core(kw)
 
     def fwd():
         with torch.no_grad():
-            return chunked.chunked_gdn2(*inputs, scale, **kw)
+            return core(*inputs, scale, **kw)
 
     row["fwd_ms"] = common.timeit(fwd, device, warmup, reps) * 1e3
     row["fwd_peak_gib"] = (common.peak_extra(fwd, device) or 0) / 2**30
-    step, prepare = common.fwdbwd_closure(inputs, lambda ls: chunked.chunked_gdn2(*ls, scale, **kw), lambda o, s: cot)
+    step, prepare = common.fwdbwd_closure(inputs, lambda ls: core(*ls, scale, **kw), lambda o, s: cot)
     row["fwdbwd_ms"] = common.timeit(step, device, warmup, reps) * 1e3
     row["fwdbwd_peak_gib"] = (common.peak_extra(step, device, prepare) or 0) / 2**30
     del step, prepare
@@ -162,11 +201,12 @@ def profile_variant(kw, inputs, cot, scale, device):
     kernels: the share of wall time the GPU was busy says how much is launch overhead."""
     from torch.profiler import ProfilerActivity, profile
 
-    step, _ = common.fwdbwd_closure(inputs, lambda ls: chunked.chunked_gdn2(*ls, scale, **kw), lambda o, s: cot)
+    core, kw = _core(kw)
+    step, _ = common.fwdbwd_closure(inputs, lambda ls: core(*ls, scale, **kw), lambda o, s: cot)
 
     def fwd():
         with torch.no_grad():
-            chunked.chunked_gdn2(*inputs, scale, **kw)
+            core(*inputs, scale, **kw)
 
     out = {}
     for name, fn in (("fwd", fwd), ("fwd+bwd", step)):
@@ -196,6 +236,7 @@ def profile_variant(kw, inputs, cot, scale, device):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--profile-variant", default=None, help="the variant to profile (default: the first)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json", default=None)
@@ -227,8 +268,9 @@ def main(argv=None):
         for name in names:
             kw, over = VARIANTS[name]
             try:
+                fn, fkw = _core(kw)
                 with applied(over):
-                    err = worst_error(_run_with_grads(chunked.chunked_gdn2, ins, segment_tokens=64, **kw), ref)
+                    err = worst_error(_run_with_grads(fn, ins, segment_tokens=64, **fkw), ref)
             except Exception as e:  # noqa: BLE001
                 err = f"{type(e).__name__}: {e}"
             res["exact"].setdefault(name, {})[cname] = err
@@ -267,15 +309,15 @@ def main(argv=None):
         save()
 
     if a.profile and device.type == "cuda":
-        kw, over = VARIANTS[names[0]]
+        kw, over = VARIANTS[a.profile_variant or names[0]]
         with applied(over):
             res["profile"] = profile_variant(kw, inputs, cot, scale, device)
         save()
     if device.type == "cuda" and time.monotonic() - started < a.budget_s:
-        kw, over = VARIANTS[names[0]]
-        with applied(over), torch.no_grad():
+        core, kw = _core(VARIANTS[names[0]][0])
+        with applied(VARIANTS[names[0]][1]), torch.no_grad():
             try:
-                replay = common.cuda_graph(lambda: chunked.chunked_gdn2(*inputs, scale, **kw))
+                replay = common.cuda_graph(lambda: core(*inputs, scale, **kw))
                 res["rows"]["fwd CUDA graph"] = {"fwd_ms": common.timeit(replay, device, 1, a.reps) * 1e3}
                 print(f"{names[0]} fwd replayed from a CUDA graph: {res['rows']['fwd CUDA graph']['fwd_ms']:.2f} ms",
                       flush=True)

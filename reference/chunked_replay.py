@@ -1,0 +1,109 @@
+"""Segments of the chunked reference replayed from a CUDA graph (``chunked_gdn2(graph_forward=..., graph_backward=...)``).
+
+The chunked core works through the sequence in segments of whole chunks; every full-length segment runs the same
+few hundred kernels on tensors of the same shapes. :class:`SegmentReplay` runs the first one eagerly on static
+copies of its inputs, on the side stream a capture will use (the warm-up: cuBLAS's workspaces and the caching
+allocator's blocks exist afterwards), captures the second from the same code on the same buffers, and, for it and
+every later one, copies the inputs into those buffers and replays. The kernels and their inputs are the eager
+segment's, so the result is the same bit for bit; what goes is the CPU's launch cost of each kernel, which at
+small segments is larger than the GPU's time for it. Small segments are what lets one kernel's output still be
+in the L2 cache when the next one reads it, so replay is what makes them pay.
+
+A capture that fails warns once, and every replayer of the process runs eagerly from then on.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+
+class SegmentReplay:
+    """``replayer(args)`` is ``run(args)`` for a list of tensors ``args`` of one shape per position: the first
+    call eagerly (the warm-up), the later ones from one CUDA graph. A replay's outputs are the graph's own
+    buffers, overwritten by the next replay: use (or copy) them before the next call."""
+
+    disabled = False  # set for the process after a failed capture
+
+    def __init__(self, run, what):
+        self.run = run
+        self.what = what  # "forward" / "backward", for the warning
+        self.static = None
+        self.side = None
+        self.replay = None
+        self.failed = False
+
+    @staticmethod
+    def applies(x, n_full):
+        """Whether replay can pay: CUDA, two full segments or more, no failed capture so far."""
+        return x.is_cuda and n_full >= 2 and not SegmentReplay.disabled
+
+    def __call__(self, args):
+        if self.failed:
+            return self.run(list(args))
+        if self.static is None:  # the first segment: the warm-up
+            self.static = [torch.empty_like(a, memory_format=torch.contiguous_format) for a in args]
+            for dst, src in zip(self.static, args):
+                dst.copy_(src)
+            self.side = new_stream()
+            return on_side_stream(self.side, lambda: self.run(self.static))
+        if self.replay is None:
+            try:
+                self.replay = capture(self.side, lambda: self.run(self.static))
+            except Exception as e:  # noqa: BLE001 - eager is the same computation
+                warnings.warn(f"chunked_gdn2: CUDA graph capture of the {self.what} failed "
+                              f"({type(e).__name__}: {e}); running eagerly", stacklevel=3)
+                SegmentReplay.disabled = True
+                self.failed = True
+                return self.run(list(args))
+        for dst, src in zip(self.static, args):
+            dst.copy_(src)
+        return self.replay()
+
+
+def new_stream():
+    return torch.cuda.Stream()
+
+
+def on_side_stream(side, fn):
+    """``fn()`` on stream ``side``, ordered after the current stream's work and before its later work."""
+    current = torch.cuda.current_stream()
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        out = fn()
+    current.wait_stream(side)
+    for t in _tensors(out):
+        t.record_stream(current)  # made on the side stream, used (and freed) on the current one
+    return out
+
+
+def capture(side, fn):
+    """``fn`` captured into a CUDA graph on stream ``side`` (where it has run once): a callable that replays
+    it on the current stream and returns the capture's outputs."""
+    current = torch.cuda.current_stream()
+    side.wait_stream(current)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(side):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                captured = fn()
+            finally:
+                graph.capture_end()
+    finally:
+        current.wait_stream(side)
+
+    def replay():
+        graph.replay()
+        return captured
+
+    return replay
+
+
+def _tensors(x):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for item in x:
+            yield from _tensors(item)
