@@ -72,19 +72,19 @@ VARIANTS = {
     "bwd16": ({}, {(_C, "BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
     "bwd48": ({}, {(_C, "BACKWARD_SEGMENT_BYTES"): 48 * MIB}),
     "gb": ({"graph_backward": True}, {}),
-    "gb-bwd16": ({"graph_backward": True}, {(_C, "BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
-    "gb-bwd8": ({"graph_backward": True}, {(_C, "BACKWARD_SEGMENT_BYTES"): 8 * MIB}),
+    "gb-bwd16": ({"graph_backward": True}, {(_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
+    "gb-bwd8": ({"graph_backward": True}, {(_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 8 * MIB}),
     "gb-c128": ({"graph_backward": True, "chunk_size": 128}, {}),
     # the forward replayed too, in GRAPH_FORWARD_SEGMENT_BYTES segments (a multiple of the backward's)
     "gf": ({"graph_forward": True}, {}),
     "gf64": ({"graph_forward": True}, {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 64 * MIB}),
     "gfgb": ({"graph_forward": True, "graph_backward": True}, {}),
     "gfgb16": ({"graph_forward": True, "graph_backward": True},
-               {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 16 * MIB, (_C, "BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
+               {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 16 * MIB, (_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
     "gfgb8": ({"graph_forward": True, "graph_backward": True},
-              {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 8 * MIB, (_C, "BACKWARD_SEGMENT_BYTES"): 8 * MIB}),
+              {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 8 * MIB, (_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 8 * MIB}),
     "gfgb16-c128": ({"graph_forward": True, "graph_backward": True, "chunk_size": 128},
-                    {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 16 * MIB, (_C, "BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
+                    {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 16 * MIB, (_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
 }
 
 

@@ -66,9 +66,11 @@ from .chunked_replay import SegmentReplay
 # 1.5 GiB of input gradients (bench/chunked.py --count).
 FORWARD_SEGMENT_BYTES = 256 * 2**20
 BACKWARD_SEGMENT_BYTES = 32 * 2**20
-# A forward replayed from a CUDA graph runs shorter segments (a multiple of the backward's): launches cost nothing
-# there, and a short segment's tensors are small enough for one kernel's output to be read back from the L2 cache.
+# Segments replayed from a CUDA graph may be shorter (the forward's a multiple of the backward's): launches cost
+# nothing there, and a short segment's tensors are small enough for one kernel's output to be read back from the
+# L2 cache by the next.
 GRAPH_FORWARD_SEGMENT_BYTES = 32 * 2**20
+GRAPH_BACKWARD_SEGMENT_BYTES = 32 * 2**20
 # What ``graph_forward`` / ``graph_backward`` = None mean (replay applies on CUDA only).
 GRAPH_FORWARD = False
 GRAPH_BACKWARD = False
@@ -356,8 +358,9 @@ def chunked_gdn2(
     elementwise passes; the first call of each shape compiles; where it cannot compile it warns once and
     runs eagerly. ``graph_backward`` replays the hand-written backward's full-length segments from one CUDA
     graph per backward (CUDA, two full segments or more; the same result bit for bit; a failed capture warns
-    once and runs eagerly from then on); ``graph_forward`` the forward's, in segments of
-    ``GRAPH_FORWARD_SEGMENT_BYTES``. None: ``GRAPH_FORWARD`` / ``GRAPH_BACKWARD``.
+    once and runs eagerly from then on); ``graph_forward`` the forward's. Replayed segments are sized from
+    ``GRAPH_FORWARD_SEGMENT_BYTES`` / ``GRAPH_BACKWARD_SEGMENT_BYTES``. None: ``GRAPH_FORWARD`` /
+    ``GRAPH_BACKWARD``.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size: expected >= 1, got {chunk_size}")
@@ -375,11 +378,11 @@ def chunked_gdn2(
             n = max(1, budget // max(1, N * H * max(K, V) * dtype.itemsize))
         return max(chunk, (n // chunk) * chunk)
 
-    bwd_tokens = tokens(BACKWARD_SEGMENT_BYTES)
     graph_forward = GRAPH_FORWARD if graph_forward is None else bool(graph_forward)
     graph_backward = GRAPH_BACKWARD if graph_backward is None else bool(graph_backward)
-    replays = graph_forward and SegmentReplay.applies(q, 2)  # else the segments of an eager forward
-    fwd_budget = GRAPH_FORWARD_SEGMENT_BYTES if replays else FORWARD_SEGMENT_BYTES
+    replays = SegmentReplay.applies(q, 2)  # else every segment runs eagerly, at the eager lengths
+    bwd_tokens = tokens(GRAPH_BACKWARD_SEGMENT_BYTES if graph_backward and replays else BACKWARD_SEGMENT_BYTES)
+    fwd_budget = GRAPH_FORWARD_SEGMENT_BYTES if graph_forward and replays else FORWARD_SEGMENT_BYTES
     fwd_tokens = max(bwd_tokens, (tokens(fwd_budget) // bwd_tokens) * bwd_tokens)
     # fp64 applies the scale to the output, exactly; other dtypes scale q first, as a plain implementation
     exact = dtype == torch.float64

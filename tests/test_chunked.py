@@ -386,6 +386,7 @@ def test_forward_replayed_from_a_graph_is_the_eager_forward(monkeypatch):
     ins = core_inputs(L=61, inf=True)
     # 256 bytes per token: 8-token backward segments, 16-token forward segments when replayed
     monkeypatch.setattr(chunked_mod, "BACKWARD_SEGMENT_BYTES", 8 * 256)
+    monkeypatch.setattr(chunked_mod, "GRAPH_BACKWARD_SEGMENT_BYTES", 8 * 256)
     monkeypatch.setattr(chunked_mod, "GRAPH_FORWARD_SEGMENT_BYTES", 16 * 256)
     want = core_run(chunked_gdn2, ins, chunk_size=8)
     with torch.no_grad():
