@@ -83,6 +83,10 @@ VARIANTS = {
                {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 16 * MIB, (_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
     "gfgb8": ({"graph_forward": True, "graph_backward": True},
               {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 8 * MIB, (_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 8 * MIB}),
+    "gfgb-s1": ({"graph_forward": True, "graph_backward": True}, {(_C, "HANDOFF_SLICES"): 1}),
+    "gfgb16-s1": ({"graph_forward": True, "graph_backward": True},
+                  {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 16 * MIB, (_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 16 * MIB,
+                   (_C, "HANDOFF_SLICES"): 1}),
     "gfgb16-c128": ({"graph_forward": True, "graph_backward": True, "chunk_size": 128},
                     {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 16 * MIB, (_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
 }
