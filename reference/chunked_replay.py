@@ -36,8 +36,10 @@ class SegmentReplay:
 
     @staticmethod
     def applies(x, n_full):
-        """Whether replay can pay: CUDA, two full segments or more, no failed capture so far."""
-        return x.is_cuda and n_full >= 2 and not SegmentReplay.disabled
+        """Whether replay can pay: CUDA, two full segments or more, no failed capture so far, and not inside a
+        capture already (an outer graph replays every launch anyway, and graphs do not nest)."""
+        return (x.is_cuda and n_full >= 2 and not SegmentReplay.disabled
+                and not torch.cuda.is_current_stream_capturing())
 
     def __call__(self, args):
         if self.failed:
