@@ -31,14 +31,14 @@ import torch
 
 _HERE = Path(__file__).resolve().parent
 try:
-    from deltacheck.reference import chunked, chunked_intra
+    from deltacheck.reference import chunked, chunked_intra, chunked_replay
     from deltacheck.reference.oracle import token_oracle
 except ImportError:  # a bare checkout: the repository root as the package `deltacheck`
     _spec = importlib.util.spec_from_file_location(
         "deltacheck", _HERE.parent / "__init__.py", submodule_search_locations=[str(_HERE.parent)])
     sys.modules["deltacheck"] = _mod = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_mod)
-    from deltacheck.reference import chunked, chunked_intra
+    from deltacheck.reference import chunked, chunked_intra, chunked_replay
     from deltacheck.reference.oracle import token_oracle
 
 
@@ -55,9 +55,10 @@ MIB = 2**20
 EXACT = 1e-12
 
 # name -> (chunked_gdn2 keywords, {(module, constant): value})
-_I, _C = chunked_intra, chunked
+_I, _C, _R = chunked_intra, chunked, chunked_replay
 VARIANTS = {
     "main": ({}, {}),
+    "eager": ({"graph_forward": False, "graph_backward": False}, {}),
     "c32": ({"chunk_size": 32}, {}),
     "c128": ({"chunk_size": 128}, {}),
     "group32": ({}, {(_I, "GROUP_TOKENS"): 32}),
@@ -87,6 +88,16 @@ VARIANTS = {
     "gfgb16-s1": ({"graph_forward": True, "graph_backward": True},
                   {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 16 * MIB, (_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 16 * MIB,
                    (_C, "HANDOFF_SLICES"): 1}),
+    # the last graph kept for the next call of the same shapes (chunked_replay.KEEP_LAST)
+    "gb-keep": ({"graph_backward": True}, {(_R, "KEEP_LAST"): True}),
+    "gb-bwd16-keep": ({"graph_backward": True}, {(_R, "KEEP_LAST"): True,
+                                                 (_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
+    "gfgb-keep": ({"graph_forward": True, "graph_backward": True}, {(_R, "KEEP_LAST"): True}),
+    "gb-s1": ({"graph_backward": True}, {(_C, "HANDOFF_SLICES"): 1}),
+    "gb-bwd24": ({"graph_backward": True}, {(_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 24 * MIB}),
+    "gb-bwd24-keep": ({"graph_backward": True}, {(_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 24 * MIB,
+                                                 (_R, "KEEP_LAST"): True}),
+    "gb-s1-keep": ({"graph_backward": True}, {(_C, "HANDOFF_SLICES"): 1, (_R, "KEEP_LAST"): True}),
     "gfgb16-c128": ({"graph_forward": True, "graph_backward": True, "chunk_size": 128},
                     {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 16 * MIB, (_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
 }

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import chunked_intra
 from .chunked_intra import handoff, intra_backward, intra_forward, to_chunks
 from .chunked_replay import SegmentReplay
 
@@ -71,9 +72,11 @@ BACKWARD_SEGMENT_BYTES = 32 * 2**20
 # L2 cache by the next.
 GRAPH_FORWARD_SEGMENT_BYTES = 32 * 2**20
 GRAPH_BACKWARD_SEGMENT_BYTES = 32 * 2**20
-# What ``graph_forward`` / ``graph_backward`` = None mean (replay applies on CUDA only).
+# What ``graph_forward`` / ``graph_backward`` = None mean (replay applies on CUDA only). The backward replays: at
+# N=4 T=4096 H=16 K=V=128 in fp64 its eager segments leave an H200 idle a third of the time, launching. The
+# forward does not: its one long segment is bound by the GPU, and short ones run slower kernels (bench/chunked_sweep.py).
 GRAPH_FORWARD = False
-GRAPH_BACKWARD = False
+GRAPH_BACKWARD = True
 
 
 def _next_pow2(n: int) -> int:
@@ -228,7 +231,8 @@ def _forward(plan, ins, h0, keep_every=None):
     n_full = L // plan.fwd_tokens
     replayer = None
     if plan.graph_forward and not recording and SegmentReplay.applies(q, n_full):
-        replayer = SegmentReplay(lambda st: _forward_segment(plan, st[:6], st[6], keep_every), "forward")
+        replayer = SegmentReplay(lambda st: _forward_segment(plan, st[:6], st[6], keep_every), "forward",
+                                 key=(plan, keep_every, _forms()))
     for t0 in range(0, L, plan.fwd_tokens):
         Ls = min(plan.fwd_tokens, L - t0)
         seg = [x[:, t0 : t0 + Ls] for x in ins]
@@ -243,6 +247,11 @@ def _forward(plan, ins, h0, keep_every=None):
     if not recording:
         s = s.clone()  # not a view that keeps the last segment's states (or a graph's buffer) alive
     return out, s.view(N, H, K, V), kept
+
+
+def _forms():
+    """The module constants that choose a segment's kernels, besides the plan (part of a kept graph's key)."""
+    return (HANDOFF_SLICES, chunked_intra.GROUP_TOKENS, chunked_intra.SMALL_INVERSE, chunked_intra.SMALL_GRADS)
 
 
 # --- backward ----------------------------------------------------------------------------------------
@@ -306,7 +315,8 @@ class _ChunkedCore(torch.autograd.Function):
         n_full = L // plan.bwd_tokens
         replayer = None
         if plan.graph_backward and SegmentReplay.applies(q, n_full):
-            replayer = SegmentReplay(lambda st: _backward_segment(plan, st[:6], *st[6:]), "backward")
+            replayer = SegmentReplay(lambda st: _backward_segment(plan, st[:6], *st[6:]), "backward",
+                                     key=(plan, _forms()))
         for seg, t0 in reversed(list(enumerate(starts))):
             Ls = min(plan.bwd_tokens, L - t0)
             seg_ins = [x[:, t0 : t0 + Ls] for x in ins]

@@ -329,6 +329,9 @@ def test_the_cuda_forms_are_exact_on_the_cpu(monkeypatch, widths, chunk_size, L)
 def _fake_graphs(monkeypatch, capture):
     """Let the backward's segment replayer run on the CPU: no streams, ``capture`` in place of the CUDA graph."""
     monkeypatch.setattr(chunked_replay.SegmentReplay, "disabled", False)
+    monkeypatch.setattr(chunked_replay.SegmentReplay, "warmed", set())
+    monkeypatch.setattr(chunked_replay.SegmentReplay, "kept", {})
+    monkeypatch.setattr(chunked_replay, "_SIDE_STREAMS", {})
     monkeypatch.setattr(chunked_replay.SegmentReplay, "applies", staticmethod(lambda x, n_full: n_full >= 2))
     monkeypatch.setattr(chunked_replay, "new_stream", lambda: None)
     monkeypatch.setattr(chunked_replay, "on_side_stream", lambda side, fn: fn())
@@ -341,7 +344,7 @@ def test_backward_replayed_from_a_graph_is_the_eager_backward(monkeypatch):
     eagerly. The gradients are the eager backward's, bit for bit."""
     captures = []
 
-    def capture(side, fn):
+    def capture(side, fn, kind=None):
         outs = fn()  # what a capture leaves: the buffers every replay writes
         captures.append(outs)
 
@@ -366,7 +369,7 @@ def _fake_capture(captures):
     """A fake capture: the outputs of one run stand for the graph's buffers; a replay runs the segment again and
     copies its results into them."""
 
-    def capture(side, fn):
+    def capture(side, fn, kind=None):
         outs = fn()
         captures.append(outs)
 
@@ -403,8 +406,24 @@ def test_forward_replayed_from_a_graph_is_the_eager_forward(monkeypatch):
         assert torch.equal(got[name], want[name]), name
 
 
+def test_a_kept_graph_is_replayed_only_for_the_same_shapes_and_plan(monkeypatch):
+    """KEEP_LAST: a later backward whose segments have the same shapes (another sequence length, other inputs)
+    replays the kept graph with its inputs, without a capture, bit for bit the eager result; another segment
+    length, or another chunk, captures anew."""
+    captures = []
+    _fake_graphs(monkeypatch, _fake_capture(captures))
+    monkeypatch.setattr(chunked_replay, "KEEP_LAST", True)
+    for seed, L, chunk, seg, n in ((0, 45, 8, 8, 1), (1, 37, 8, 8, 1), (2, 45, 8, 16, 2), (3, 45, 4, 16, 3)):
+        ins = core_inputs(L=L, inf=True, seed=seed)
+        want = core_run(chunked_gdn2, ins, chunk_size=chunk, segment_tokens=seg)
+        got = core_run(chunked_gdn2, ins, chunk_size=chunk, segment_tokens=seg, graph_backward=True)
+        assert len(captures) == n, (seed, len(captures))
+        for name in want:
+            assert torch.equal(got[name], want[name]), (seed, name)
+
+
 def test_a_failing_graph_capture_falls_back_to_eager(monkeypatch):
-    def capture(side, fn):
+    def capture(side, fn, kind=None):
         raise RuntimeError("operation not permitted when stream is capturing")
 
     ins = core_inputs(L=37, inf=False)
