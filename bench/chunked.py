@@ -1,7 +1,7 @@
 """Benchmark of the chunked reference (issues 3, 17 and 28), side by side with FLA's fused ``chunk_gdn2``.
 
     python bench/chunked.py [--device cuda|cpu] [--json OUT] [--quick] [--count [--cuda-forms]] [--compile]
-                            [--graph-backward] [--no-previous] [--no-graph] [--no-rates] [--no-attainable]
+                            [--graph-backward] [--eager] [--no-previous] [--no-graph] [--no-rates] [--no-attainable]
                             [--threads N] [--N .. --T .. --H .. --K .. --V ..] [--profile]
 
 On CUDA (default when available) it times, at N=4 T=4096 H=16 K=V=128 unless told otherwise: chunked fp64
@@ -17,7 +17,8 @@ from the device (SM count and clock, memory clock and bus width, times the archi
 or else taken from a datasheet table (bench/common.py), with what this GPU reaches on an fp64 matmul and a
 copy, measured (``--no-rates``, ``--no-attainable`` skip them). ``--compile`` adds rows with
 ``compile_intra=True`` (torch.compile; falls back to eager with a warning where it cannot compile),
-``--graph-backward`` a forward+backward row with the backward's segments replayed from a CUDA graph. Last, as a
+``--graph-backward`` a forward+backward row with the backward's segments replayed from a CUDA graph, ``--eager``
+rows with no segment replayed (``graph_forward=graph_backward=False``). Last, as a
 diagnostic, each forward replayed from a CUDA graph (the same kernels without the CPU's launch overhead;
 ``--no-graph`` skips it). On the CPU it runs a CPU-sized case and reports the speedup over the token oracle.
 ``--quick`` is a seconds-long CPU smoke run. ``--count`` runs nothing: it counts kernels, bytes moved and the
@@ -87,6 +88,9 @@ def variants(a, previous):
     if a.graph_backward:
         out["chunked (graph backward)"] = lambda *x: chunked_gdn2(
             *x, chunk_size=a.chunk, segment_tokens=st, use_checkpoint=ckpt, graph_backward=True)
+    if a.eager:
+        out["chunked (eager)"] = lambda *x: chunked_gdn2(
+            *x, chunk_size=a.chunk, segment_tokens=st, use_checkpoint=ckpt, graph_forward=False, graph_backward=False)
     if previous is not None:
         out["previous"] = lambda *x: previous.chunked_gdn2(*x, chunk_size=a.chunk, segment_tokens=st,
                                                            use_checkpoint=ckpt)
@@ -221,6 +225,8 @@ def parse(argv):
     p.add_argument("--compile", action="store_true", help="also time chunked_gdn2(compile_intra=True) (torch.compile)")
     p.add_argument("--graph-backward", action="store_true",
                    help="also time chunked_gdn2(graph_backward=True) (backward segments replayed from a CUDA graph)")
+    p.add_argument("--eager", action="store_true",
+                   help="also time chunked_gdn2 with no segment replayed from a CUDA graph (graph_forward/backward=False)")
     p.add_argument("--no-previous", action="store_true", help="skip the previous implementation")
     p.add_argument("--no-graph", action="store_true",
                    help="skip the CUDA-graph rows (forward replayed without launch overhead, a diagnostic)")

@@ -44,10 +44,9 @@ segment's intra-chunk work is a fixed number of kernels (about 100) whatever its
 where autograd does not record: the hand-off runs in place in the buffer that holds Hh (slot c + 1 becomes
 chunk c's end state, one matmul per chunk and no copies), and the output is written over ``oi``. On CUDA the
 smallest levels' products take the forms cuBLAS runs fast (``chunked_intra.cuda_shapes``); the CPU keeps the
-batched matmuls, its faster form at those sizes. ``graph_backward=True`` replays the backward's full segments
-from a CUDA graph (``_SegmentReplay``): the same kernels, bit for bit, without their launch cost; off by
-default, as it bought nothing measurable at N=4 T=4096 H=16 K=V=128 on an H200 (docs/ops.md) and holds
-static copies of a segment's inputs.
+batched matmuls, its faster form at those sizes. ``graph_forward`` / ``graph_backward`` replay full segments
+from a CUDA graph (``chunked_replay``): the same kernels, bit for bit, without their launch cost, which lets the
+segments be short enough for their tensors to stay in the L2 cache between kernels.
 """
 
 from __future__ import annotations
@@ -57,7 +56,9 @@ from dataclasses import dataclass
 
 import torch
 
+from . import chunked_intra
 from .chunked_intra import handoff, intra_backward, intra_forward, to_chunks
+from .chunked_replay import SegmentReplay
 
 # Working-set targets, as bytes per activation-sized tensor of one segment (N*H*tokens*max(K, V)*itemsize):
 # a forward segment keeps about 7 such tensors alive at its peak (plus the output), a backward segment about
@@ -66,6 +67,16 @@ from .chunked_intra import handoff, intra_backward, intra_forward, to_chunks
 # 1.5 GiB of input gradients (bench/chunked.py --count).
 FORWARD_SEGMENT_BYTES = 256 * 2**20
 BACKWARD_SEGMENT_BYTES = 32 * 2**20
+# Segments replayed from a CUDA graph may be shorter (the forward's a multiple of the backward's): launches cost
+# nothing there, and a short segment's tensors are small enough for one kernel's output to be read back from the
+# L2 cache by the next.
+GRAPH_FORWARD_SEGMENT_BYTES = 32 * 2**20
+GRAPH_BACKWARD_SEGMENT_BYTES = 32 * 2**20
+# What ``graph_forward`` / ``graph_backward`` = None mean (replay applies on CUDA only). The backward replays: at
+# N=4 T=4096 H=16 K=V=128 in fp64 its eager segments leave an H200 idle a third of the time, launching. The
+# forward does not: its one long segment is bound by the GPU, and short ones run slower kernels (bench/chunked_sweep.py).
+GRAPH_FORWARD = False
+GRAPH_BACKWARD = True
 
 
 def _next_pow2(n: int) -> int:
@@ -81,6 +92,7 @@ class _Plan:
     bwd_tokens: int  # backward segment length (a multiple of chunk)
     compile_intra: bool
     graph_backward: bool  # replay the backward's segments from a CUDA graph (CUDA, two full segments or more)
+    graph_forward: bool = False  # the same for the forward's segments (without autograd recording)
 
 
 # --- optional torch.compile ------------------------------------------------------------------------
@@ -127,12 +139,14 @@ def _from_chunks(src, dst, scale=None):
     C = src.shape[1]
     src = src.reshape(-1, N, H, C, D)
     full, tail = divmod(Ls, C)
+    # each view of dst taken just before its write: under autograd the first write makes dst a non-leaf
     pieces = []
     if full:
-        pieces.append((dst[:, : full * C].unflatten(1, (full, C)), src[:full].permute(1, 0, 3, 2, 4)))
+        pieces.append((lambda: dst[:, : full * C].unflatten(1, (full, C)), src[:full].permute(1, 0, 3, 2, 4)))
     if tail:
-        pieces.append((dst[:, full * C :], src[full, :, :, :tail].transpose(1, 2)))
-    for d, s_ in pieces:
+        pieces.append((lambda: dst[:, full * C :], src[full, :, :, :tail].transpose(1, 2)))
+    for view, s_ in pieces:
+        d = view()
         if scale is None:
             d.copy_(s_)
         else:
@@ -165,50 +179,79 @@ def _run_states(p, states):
 HANDOFF_SLICES = 4
 
 
+def _forward_segment(plan, ins, s, keep_every=None):
+    """One forward segment ``ins [N, Ls, H, D]`` from its start state ``s [NH, K, V]``: ``(o, s_end, kept)`` with
+    the output in chunk layout ``[nc*NH, C, V]`` (unscaled rows past Ls are padding), the end state and the
+    start state of every ``keep_every``-token stretch of the segment (the segment starts at a multiple of it)."""
+    q, k, v = ins[:3]
+    N, Ls, H, K = k.shape
+    V = v.shape[-1]
+    C, NH = plan.chunk, N * H
+    nc = -(-Ls // C)
+    kept, outs = [], []
+    recording = torch.is_grad_enabled()  # use_checkpoint=False: autograd needs every value it saved
+    z = _intra(intra_forward, plan)(*ins, C, torch.float64, q_scale=plan.q_scale)
+    step = -(-nc // HANDOFF_SLICES)
+    for c0 in range(0, nc, step):
+        c1 = min(nc, c0 + step)
+        n, rows = c1 - c0, slice(c0 * NH, c1 * NH)
+        if recording:
+            p, hh = handoff(z, rows)
+            s0, s = _states(p.view(n, NH, K, K), hh.view(n, NH, K, V), s)
+            del p, hh
+            outs.append(torch.baddbmm(z.oi[rows], z.qe_m[rows], s0.view(-1, K, V), beta=plan.out_scale,
+                                      alpha=plan.out_scale))
+        else:
+            states = s.new_empty(n + 1, NH, K, V)
+            p, _ = handoff(z, rows, hh_out=states[1:].view(-1, K, V))
+            states[0].copy_(s)
+            _run_states(p.view(n, NH, K, K), states)
+            del p
+            s0, s = states[:n], states[n]
+            # the output in place of oi, which nothing reads afterwards
+            z.oi[rows].baddbmm_(z.qe_m[rows], s0.view(-1, K, V), beta=plan.out_scale, alpha=plan.out_scale)
+        if keep_every is not None:
+            kept += [s0[c - c0].clone() for c in range(c0, c1) if (c * C) % keep_every == 0]
+        del s0
+    o = torch.cat(outs) if recording else z.oi
+    del z
+    return o, s, kept
+
+
 def _forward(plan, ins, h0, keep_every=None):
     """``(o [N, L, H, V], S_L, kept)``; ``kept`` holds the start state of every ``keep_every``-token
     segment (for the backward)."""
     q, k, v = ins[:3]
     N, L, H, K = k.shape
     V = v.shape[-1]
-    C, NH = plan.chunk, N * H
     out = q.new_empty(N, L, H, V)
-    s = h0.reshape(NH, K, V)
+    s = h0.reshape(N * H, K, V)
     kept = []
-    fwd = _intra(intra_forward, plan)
-    recording = torch.is_grad_enabled()  # use_checkpoint=False: autograd needs every value it saved
+    recording = torch.is_grad_enabled()
+    n_full = L // plan.fwd_tokens
+    replayer = None
+    if plan.graph_forward and not recording and SegmentReplay.applies(q, n_full):
+        replayer = SegmentReplay(lambda st: _forward_segment(plan, st[:6], st[6], keep_every), "forward",
+                                 key=(plan, keep_every, _forms()))
     for t0 in range(0, L, plan.fwd_tokens):
         Ls = min(plan.fwd_tokens, L - t0)
-        nc = -(-Ls // C)
-        z = fwd(*(x[:, t0 : t0 + Ls] for x in ins), C, torch.float64, q_scale=plan.q_scale)
-        step = -(-nc // HANDOFF_SLICES)
-        for c0 in range(0, nc, step):
-            c1 = min(nc, c0 + step)
-            n, rows = c1 - c0, slice(c0 * NH, c1 * NH)
-            if recording:
-                p, hh = handoff(z, rows)
-                s0, s = _states(p.view(n, NH, K, K), hh.view(n, NH, K, V), s)
-                del p, hh
-                o = torch.baddbmm(z.oi[rows], z.qe_m[rows], s0.view(-1, K, V), beta=plan.out_scale,
-                                  alpha=plan.out_scale)
-            else:
-                states = s.new_empty(n + 1, NH, K, V)
-                p, _ = handoff(z, rows, hh_out=states[1:].view(-1, K, V))
-                states[0].copy_(s)
-                _run_states(p.view(n, NH, K, K), states)
-                del p
-                s0, s = states[:n], states[n]
-                # the output in place of oi, which nothing reads afterwards
-                o = z.oi[rows].baddbmm_(z.qe_m[rows], s0.view(-1, K, V), beta=plan.out_scale, alpha=plan.out_scale)
-            if keep_every is not None:
-                kept += [s0[c - c0].clone() for c in range(c0, c1) if (t0 + c * C) % keep_every == 0]
-            del s0
-            _from_chunks(o, out[:, t0 + c0 * C : t0 + min(c1 * C, Ls)])
-            del o
-        del z
+        seg = [x[:, t0 : t0 + Ls] for x in ins]
+        if replayer is not None and Ls == plan.fwd_tokens:
+            o, s, seg_kept = replayer([*seg, s])
+            seg_kept = [t.clone() for t in seg_kept]  # a replay's are the graph's buffers
+        else:
+            o, s, seg_kept = _forward_segment(plan, seg, s, keep_every)
+        kept += seg_kept
+        _from_chunks(o, out[:, t0 : t0 + Ls])
+        del o
     if not recording:
-        s = s.clone()  # not a view that keeps the last slice's states alive
+        s = s.clone()  # not a view that keeps the last segment's states (or a graph's buffer) alive
     return out, s.view(N, H, K, V), kept
+
+
+def _forms():
+    """The module constants that choose a segment's kernels, besides the plan (part of a kept graph's key)."""
+    return (HANDOFF_SLICES, chunked_intra.GROUP_TOKENS, chunked_intra.SMALL_INVERSE, chunked_intra.SMALL_GRADS)
 
 
 # --- backward ----------------------------------------------------------------------------------------
@@ -248,104 +291,6 @@ def _backward_segment(plan, ins, s_start, y, d_out):
     return list(intra_backward(z)), y  # z is consumed
 
 
-# --- backward segments replayed from a CUDA graph ----------------------------------------------------------
-
-
-class _SegmentReplay:
-    """The backward's full-length segments, all of one shape, replayed from one CUDA graph per backward. The
-    first segment runs eagerly on static copies of its inputs, on the side stream the capture will use (its
-    warm-up); the second captures the graph from the same code on the same buffers, then, like every later
-    one, copies its inputs into them and replays. The kernels and their inputs are those of the eager
-    segment, so the result is the same bit for bit; what goes is the launch cost of a segment's few hundred
-    kernels. A capture that fails warns once, and every backward of the process runs eagerly from then on."""
-
-    disabled = False  # set for the process after a failed capture
-
-    def __init__(self, plan):
-        self.plan = plan
-        self.static = None
-        self.side = None
-        self.replay = None
-        self.failed = False
-
-    @staticmethod
-    def applies(x, n_full):
-        return x.is_cuda and n_full >= 2 and not _SegmentReplay.disabled
-
-    def _run(self):
-        return _backward_segment(self.plan, self.static[:6], *self.static[6:])
-
-    def __call__(self, ins, s_start, y, d_out):
-        """The segment's ``(d_chunks, y)``, as ``_backward_segment`` returns them (a replay's are the graph's
-        own buffers: use them before the next call)."""
-        args = (*ins, s_start, y, d_out)
-        if self.static is None:  # the first segment: the warm-up
-            self.static = [torch.empty_like(a, memory_format=torch.contiguous_format) for a in args]
-            for dst, src in zip(self.static, args):
-                dst.copy_(src)
-            self.side = _new_stream()
-            return _on_side_stream(self.side, self._run)
-        if self.replay is None:
-            try:
-                self.replay = _capture(self.side, self._run)
-            except Exception as e:  # noqa: BLE001 - eager is the same computation
-                warnings.warn(f"chunked_gdn2: CUDA graph capture of the backward failed ({type(e).__name__}: {e}); "
-                              "running eagerly", stacklevel=3)
-                _SegmentReplay.disabled = True
-                self.failed = True
-                return _backward_segment(self.plan, list(ins), s_start, y, d_out)
-        for dst, src in zip(self.static, args):
-            dst.copy_(src)
-        return self.replay()
-
-
-def _new_stream():
-    return torch.cuda.Stream()
-
-
-def _on_side_stream(side, fn):
-    """``fn()`` on stream ``side``, ordered after the current stream's work and before its later work."""
-    current = torch.cuda.current_stream()
-    side.wait_stream(current)
-    with torch.cuda.stream(side):
-        out = fn()
-    current.wait_stream(side)
-    for t in _tensors(out):
-        t.record_stream(current)  # made on the side stream, used (and freed) on the current one
-    return out
-
-
-def _capture(side, fn):
-    """``fn`` captured into a CUDA graph on stream ``side`` (where it has run once): a callable that replays
-    it on the current stream and returns the capture's outputs."""
-    current = torch.cuda.current_stream()
-    side.wait_stream(current)
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.stream(side):
-            graph.capture_begin(capture_error_mode="thread_local")
-            try:
-                captured = fn()
-            finally:
-                graph.capture_end()
-    finally:
-        current.wait_stream(side)
-
-    def replay():
-        graph.replay()
-        return captured
-
-    return replay
-
-
-def _tensors(x):
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for item in x:
-            yield from _tensors(item)
-
-
 class _ChunkedCore(torch.autograd.Function):
     """The chunked core with a hand-written backward that recomputes one segment at a time."""
 
@@ -368,12 +313,15 @@ class _ChunkedCore(torch.autograd.Function):
         y = d_state.reshape(N * H, K, V)
         starts = list(range(0, L, plan.bwd_tokens))
         n_full = L // plan.bwd_tokens
-        replayer = _SegmentReplay(plan) if plan.graph_backward and _SegmentReplay.applies(q, n_full) else None
+        replayer = None
+        if plan.graph_backward and SegmentReplay.applies(q, n_full):
+            replayer = SegmentReplay(lambda st: _backward_segment(plan, st[:6], *st[6:]), "backward",
+                                     key=(plan, _forms()))
         for seg, t0 in reversed(list(enumerate(starts))):
             Ls = min(plan.bwd_tokens, L - t0)
             seg_ins = [x[:, t0 : t0 + Ls] for x in ins]
-            if replayer is not None and not replayer.failed and Ls == plan.bwd_tokens:
-                d_chunks, y = replayer(seg_ins, kept[seg], y, d_out[:, t0 : t0 + Ls])
+            if replayer is not None and Ls == plan.bwd_tokens:
+                d_chunks, y = replayer([*seg_ins, kept[seg], y, d_out[:, t0 : t0 + Ls]])
             else:
                 d_chunks, y = _backward_segment(plan, seg_ins, kept[seg], y, d_out[:, t0 : t0 + Ls])
             for i, (grad, d) in enumerate(zip(grads, d_chunks)):
@@ -401,7 +349,8 @@ def chunked_gdn2(
     segment_tokens: int | None = None,
     use_checkpoint: bool | None = None,
     compile_intra: bool = False,
-    graph_backward: bool = False,
+    graph_forward: bool | None = None,
+    graph_backward: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked gated delta rule; same shapes and semantics as ``token_oracle``.
 
@@ -419,7 +368,9 @@ def chunked_gdn2(
     elementwise passes; the first call of each shape compiles; where it cannot compile it warns once and
     runs eagerly. ``graph_backward`` replays the hand-written backward's full-length segments from one CUDA
     graph per backward (CUDA, two full segments or more; the same result bit for bit; a failed capture warns
-    once and runs eagerly from then on).
+    once and runs eagerly from then on); ``graph_forward`` the forward's. Replayed segments are sized from
+    ``GRAPH_FORWARD_SEGMENT_BYTES`` / ``GRAPH_BACKWARD_SEGMENT_BYTES``. None: ``GRAPH_FORWARD`` /
+    ``GRAPH_BACKWARD``.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size: expected >= 1, got {chunk_size}")
@@ -437,12 +388,16 @@ def chunked_gdn2(
             n = max(1, budget // max(1, N * H * max(K, V) * dtype.itemsize))
         return max(chunk, (n // chunk) * chunk)
 
-    bwd_tokens = tokens(BACKWARD_SEGMENT_BYTES)
-    fwd_tokens = max(bwd_tokens, (tokens(FORWARD_SEGMENT_BYTES) // bwd_tokens) * bwd_tokens)
+    graph_forward = GRAPH_FORWARD if graph_forward is None else bool(graph_forward)
+    graph_backward = GRAPH_BACKWARD if graph_backward is None else bool(graph_backward)
+    replays = SegmentReplay.applies(q, 2)  # else every segment runs eagerly, at the eager lengths
+    bwd_tokens = tokens(GRAPH_BACKWARD_SEGMENT_BYTES if graph_backward and replays else BACKWARD_SEGMENT_BYTES)
+    fwd_budget = GRAPH_FORWARD_SEGMENT_BYTES if graph_forward and replays else FORWARD_SEGMENT_BYTES
+    fwd_tokens = max(bwd_tokens, (tokens(fwd_budget) // bwd_tokens) * bwd_tokens)
     # fp64 applies the scale to the output, exactly; other dtypes scale q first, as a plain implementation
     exact = dtype == torch.float64
     plan = _Plan(None if exact else float(scale), float(scale) if exact else 1.0, chunk, fwd_tokens, bwd_tokens,
-                 bool(compile_intra), bool(graph_backward))
+                 bool(compile_intra), graph_backward, graph_forward)
     grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, g, b, w, h0))
     if grad and use_checkpoint is not False:
         return _ChunkedCore.apply(plan, q, k, v, g, b, w, h0)

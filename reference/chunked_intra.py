@@ -188,9 +188,9 @@ def _inverse_block(t, xa, s, small):
 
 
 def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False, q_scale=None) -> Intra:
-    """The intra-chunk quantities of every chunk of a segment ``[N, Ls, H, D]`` (``keep``: also what the
-    backward needs; ``q_scale``: q's factor, applied to q here). Without ``keep`` every tensor is dropped as
-    soon as it has been used.
+    """The intra-chunk quantities of every chunk of a segment ``[N, Ls, H, D]`` (``keep``: what the backward
+    needs, which is all but ``oi``; ``q_scale``: q's factor, applied to q here). Without ``keep`` every tensor is
+    dropped as soon as it has been used.
 
     In the gate dtype (fp64) the rows and columns are scaled once and their scaling updated level by level;
     in any other dtype, as a plain implementation in that dtype does it, the fp64 decay factors are updated
@@ -292,7 +292,7 @@ def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False, q_scale=None)
     # qe - M Wt, in place in qe's rows where nothing else reads them (kept: kbe, the other half, is left alone)
     qe_m = qe.baddbmm_(m, wt, alpha=-1) if fast else torch.baddbmm(qe, m, wt, alpha=-1)
     del qe
-    oi = torch.bmm(m, ut)
+    oi = None if keep else torch.bmm(m, ut)  # the backward (keep) reads qe_m for the state's gradient, never oi
     del m, tm
     return Intra(oi, qe_m, kh=kh, ut=ut, wt=wt, e_total=e_total, **kept)
 

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from deltacheck import reference as R
 from deltacheck.reference import chunked as chunked_mod
-from deltacheck.reference import chunked_intra, layouts
+from deltacheck.reference import chunked_intra, chunked_replay, layouts
 from deltacheck.reference.chunked import chunked_gdn2
 from deltacheck.reference.oracle import token_oracle
 
@@ -328,11 +328,14 @@ def test_the_cuda_forms_are_exact_on_the_cpu(monkeypatch, widths, chunk_size, L)
 
 def _fake_graphs(monkeypatch, capture):
     """Let the backward's segment replayer run on the CPU: no streams, ``capture`` in place of the CUDA graph."""
-    monkeypatch.setattr(chunked_mod._SegmentReplay, "disabled", False)
-    monkeypatch.setattr(chunked_mod._SegmentReplay, "applies", staticmethod(lambda x, n_full: n_full >= 2))
-    monkeypatch.setattr(chunked_mod, "_new_stream", lambda: None)
-    monkeypatch.setattr(chunked_mod, "_on_side_stream", lambda side, fn: fn())
-    monkeypatch.setattr(chunked_mod, "_capture", capture)
+    monkeypatch.setattr(chunked_replay.SegmentReplay, "disabled", False)
+    monkeypatch.setattr(chunked_replay.SegmentReplay, "warmed", set())
+    monkeypatch.setattr(chunked_replay.SegmentReplay, "kept", {})
+    monkeypatch.setattr(chunked_replay, "_SIDE_STREAMS", {})
+    monkeypatch.setattr(chunked_replay.SegmentReplay, "applies", staticmethod(lambda x, n_full: n_full >= 2))
+    monkeypatch.setattr(chunked_replay, "new_stream", lambda: None)
+    monkeypatch.setattr(chunked_replay, "on_side_stream", lambda side, fn: fn())
+    monkeypatch.setattr(chunked_replay, "capture", capture)
 
 
 def test_backward_replayed_from_a_graph_is_the_eager_backward(monkeypatch):
@@ -341,7 +344,7 @@ def test_backward_replayed_from_a_graph_is_the_eager_backward(monkeypatch):
     eagerly. The gradients are the eager backward's, bit for bit."""
     captures = []
 
-    def capture(side, fn):
+    def capture(side, fn, kind=None):
         outs = fn()  # what a capture leaves: the buffers every replay writes
         captures.append(outs)
 
@@ -362,8 +365,65 @@ def test_backward_replayed_from_a_graph_is_the_eager_backward(monkeypatch):
         assert torch.equal(got[name], want[name]), name
 
 
+def _fake_capture(captures):
+    """A fake capture: the outputs of one run stand for the graph's buffers; a replay runs the segment again and
+    copies its results into them."""
+
+    def capture(side, fn, kind=None):
+        outs = fn()
+        captures.append(outs)
+
+        def replay():
+            for dst, src in zip(list(chunked_replay._tensors(outs)), list(chunked_replay._tensors(fn()))):
+                dst.copy_(src)
+            return outs
+
+        return replay
+
+    return capture
+
+
+def test_forward_replayed_from_a_graph_is_the_eager_forward(monkeypatch):
+    """The forward's segments replayed from a (faked) graph, without autograd and under the hand-written backward
+    (whose start states it keeps, two per forward segment here): output, state and gradients bit for bit."""
+    ins = core_inputs(L=61, inf=True)
+    # 256 bytes per token: 8-token backward segments, 16-token forward segments when replayed
+    monkeypatch.setattr(chunked_mod, "BACKWARD_SEGMENT_BYTES", 8 * 256)
+    monkeypatch.setattr(chunked_mod, "GRAPH_BACKWARD_SEGMENT_BYTES", 8 * 256)
+    monkeypatch.setattr(chunked_mod, "GRAPH_FORWARD_SEGMENT_BYTES", 16 * 256)
+    want = core_run(chunked_gdn2, ins, chunk_size=8)
+    with torch.no_grad():
+        want_o, want_s = chunked_gdn2(*ins, 0.5, chunk_size=8)
+    captures = []
+    _fake_graphs(monkeypatch, _fake_capture(captures))
+    with torch.no_grad():
+        got_o, got_s = chunked_gdn2(*ins, 0.5, chunk_size=8, graph_forward=True)
+    assert len(captures) == 1  # three full 16-token segments: warm-up, capture + replay, replay; a short one eager
+    assert torch.equal(got_o, want_o) and torch.equal(got_s, want_s)
+    got = core_run(chunked_gdn2, ins, chunk_size=8, graph_forward=True, graph_backward=True)
+    assert len(captures) == 3
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+
+
+def test_a_kept_graph_is_replayed_only_for_the_same_shapes_and_plan(monkeypatch):
+    """KEEP_LAST: a later backward whose segments have the same shapes (another sequence length, other inputs)
+    replays the kept graph with its inputs, without a capture, bit for bit the eager result; another segment
+    length, or another chunk, captures anew."""
+    captures = []
+    _fake_graphs(monkeypatch, _fake_capture(captures))
+    monkeypatch.setattr(chunked_replay, "KEEP_LAST", True)
+    for seed, L, chunk, seg, n in ((0, 45, 8, 8, 1), (1, 37, 8, 8, 1), (2, 45, 8, 16, 2), (3, 45, 4, 16, 3)):
+        ins = core_inputs(L=L, inf=True, seed=seed)
+        want = core_run(chunked_gdn2, ins, chunk_size=chunk, segment_tokens=seg)
+        got = core_run(chunked_gdn2, ins, chunk_size=chunk, segment_tokens=seg, graph_backward=True)
+        assert len(captures) == n, (seed, len(captures))
+        for name in want:
+            assert torch.equal(got[name], want[name]), (seed, name)
+
+
 def test_a_failing_graph_capture_falls_back_to_eager(monkeypatch):
-    def capture(side, fn):
+    def capture(side, fn, kind=None):
         raise RuntimeError("operation not permitted when stream is capturing")
 
     ins = core_inputs(L=37, inf=False)
@@ -371,7 +431,7 @@ def test_a_failing_graph_capture_falls_back_to_eager(monkeypatch):
     _fake_graphs(monkeypatch, capture)
     with pytest.warns(UserWarning, match="CUDA graph capture of the backward failed"):
         got = core_run(chunked_gdn2, ins, chunk_size=8, segment_tokens=8, graph_backward=True)
-    assert chunked_mod._SegmentReplay.disabled
+    assert chunked_replay.SegmentReplay.disabled
     for name in want:
         assert torch.equal(got[name], want[name]), name
 
