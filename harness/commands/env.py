@@ -24,6 +24,8 @@ _PACKAGE_ROWS = (
     ("fla-core", "fla", "fla"),
     ("triton", "triton", "triton"),
     ("transformer-engine", "transformer_engine", "transformer_engine"),
+    ("vllm", "vllm", "vllm"),
+    ("tokenspeed-flashkda", "flashkda", "flash_kda"),
 )
 
 
