@@ -111,6 +111,7 @@ def make(version: str = VERSION):
             raise NotImplementedError("the double does not model speculative decoding (num_accepted_tokens)")
         B, T, H, HV, K, V = _heads(q, k, v, g, beta)
         initial_state.stride(0)  # the kernel wrapper reads it unconditionally: None raises AttributeError
+        pool = initial_state.view(-1, HV, V, K)  # the kernel's pointer arithmetic: rows of [HV, V, K]
         if cu_seqlens is None:
             bounds = [(n * T, n * T + T) for n in range(B)]
         else:
@@ -127,12 +128,12 @@ def make(version: str = VERSION):
                 slot = int(ssm_state_indices.reshape(len(bounds), -1)[n, 0])
                 if slot <= 0:
                     continue  # the null block: no output, no write
-                h0 = initial_state[slot].double()
+                h0 = pool[slot].double()
             else:  # fused_recurrent.py:119: p_h0 = h0 + bos * HV * V * K, a TOKEN offset, not the sequence's
-                if bos >= initial_state.shape[0]:
+                if bos >= pool.shape[0]:
                     raise IndexError(f"fused_recurrent reads sequence {n}'s initial state at row bos={bos}, past "
-                                     f"the {initial_state.shape[0]} rows of initial_state")
-                h0 = initial_state[bos].double()
+                                     f"the {pool.shape[0]} rows of initial_state")
+                h0 = pool[bos].double()
             for t in range(eos - bos):  # the state after each token: a prefix of the sequence
                 seg = [x[bos:bos + t + 1] for x in flat]
                 cu = torch.tensor([0, t + 1], dtype=torch.int32)
@@ -145,7 +146,7 @@ def make(version: str = VERSION):
                     index = ssm_state_indices.reshape(len(bounds), -1)
                     slot = int(index[n, t if index.shape[1] > 1 else 0])
                     if slot > 0:
-                        initial_state[slot] = ht[0].to(initial_state.dtype)
+                        pool[slot] = ht[0].to(pool.dtype)
                 elif bos + t >= rows:
                     raise IndexError(f"fused_recurrent writes token {bos + t}'s state past its buffer of {rows} rows "
                                      f"(B={B} > 1 without cu_seqlens)")
