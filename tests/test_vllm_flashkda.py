@@ -82,7 +82,7 @@ def vllm_backend(recurrent, double=None):
 
 
 def kda_backend(flavour, double=None):
-    return FlashKdaBackend(flavour, double or flashkda_ops.make(flavour))
+    return FlashKdaBackend(flavour, double or flashkda_ops.make(flavour), probe_device="cpu")
 
 
 def wrap(double, name, change):
@@ -239,6 +239,20 @@ def test_flashkda_mutations_are_caught(flavour):
             return out, state.transpose(-1, -2)
 
     assert caught(lambda: agrees(NotTransposedOut(flavour, flashkda_ops.make(flavour)), case, *KDA_TOL))
+
+
+def test_flashkda_standalone_under_another_libtorch_declines_with_the_fix():
+    """The standalone build's probe: a build that rejects every tensor as not on CUDA declines every case (with
+    the cause and the fix) instead of erroring per case; vLLM's stable-ABI build is not probed."""
+    broken = kda_backend(kda_facts.STANDALONE, flashkda_ops.make(kda_facts.STANDALONE, abi_mismatch=True))
+    verdict = broken._library_verdict(KDA_RUNS[0])
+    assert not verdict.runnable and "built against another libtorch" in verdict.reason and "Fix:" in verdict.reason
+    assert not broken._library_verdict(KDA_RUNS[1]).runnable  # probed once, remembered
+    good = kda_backend(kda_facts.STANDALONE)
+    assert good._library_verdict(KDA_RUNS[0]).runnable
+    assert good._module.calls and good._module.calls[0]["q"].shape == (1, 1, 1, 128)  # the probe's one token
+    vllm_op = kda_backend(kda_facts.VLLM, flashkda_ops.make(kda_facts.VLLM, abi_mismatch=True))
+    assert vllm_op._library_verdict(KDA_RUNS[0]).runnable  # no probe: its failure would be the kernel's
 
 
 def test_flashkda_standalone_gets_int64_cu_seqlens():

@@ -34,7 +34,8 @@ def _check(cond, message):
         raise RuntimeError(message)  # TORCH_CHECK raises RuntimeError
 
 
-def make(flavour: str = "flashkda", version: str = "0.33.0"):
+def make(flavour: str = "flashkda", version: str = "0.33.0", *, abi_mismatch: bool = False):
+    """``abi_mismatch``: the standalone build under another libtorch, whose first check fails on every tensor."""
     mod = types.SimpleNamespace(__version__=version, calls=[])
 
     def get_workspace_size(T_total, H, N=1):
@@ -42,6 +43,7 @@ def make(flavour: str = "flashkda", version: str = "0.33.0"):
 
     def compute(q, k, v, g, beta, scale, out, workspace, A_log, dt_bias, lower_bound, initial_state, final_state,
                 cu_seqlens):
+        _check(not abi_mismatch, "all tensors must be on CUDA")
         mod.calls.append({"q": q, "g": g, "beta": beta, "scale": scale, "A_log": A_log, "dt_bias": dt_bias,
                           "lower_bound": lower_bound, "initial_state": initial_state, "cu_seqlens": cu_seqlens})
         _check(all(x.is_contiguous() for x in (q, k, v, g, out)), "q, k, v, g, out, and workspace must be contiguous")

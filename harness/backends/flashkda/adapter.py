@@ -45,13 +45,15 @@ class FlashKdaBackend:
 
     ops = frozenset({"kda"})
 
-    def __init__(self, flavour: str = VLLM, module=None, *, importer=None):
+    def __init__(self, flavour: str = VLLM, module=None, *, importer=None, probe_device: str | None = "cuda"):
         if flavour not in (VLLM, STANDALONE):
             raise ValueError(f"unknown FlashKDA flavour {flavour!r}")
         self.name = flavour
         self.version_key = facts.VERSION_KEYS[flavour]
         self._module = module
         self._importer = importer or importlib.import_module
+        self._probe_device = probe_device  # where the standalone build's ABI probe runs (tests: "cpu")
+        self._abi: Verdict | None = None
 
     # ------------------------------------------------------------------ the library
     def _import(self, name: str):
@@ -96,8 +98,42 @@ class FlashKdaBackend:
         reason = self._unsupported(case)
         if reason:
             return Verdict.no(reason)
+        if self.name == STANDALONE:
+            abi = self._abi_probe()
+            if not abi.runnable:
+                return abi
         return Verdict.ok(*self._conversion_notes(case), backward=False,
                           backward_reason="FlashKDA is a forward kernel (no autograd); use fla or cudnn for gradients")
+
+    def _abi_probe(self) -> Verdict:
+        """Once per process: one token through the standalone build. Its pybind11 module is compiled against one
+        libtorch's C++ headers and reads TensorImpl's fields inline; under another torch its first check fails on
+        CUDA tensors ("all tensors must be on CUDA", flash_kda.cpp:44), as measured on torch 2.11 (docs/libraries.md)."""
+        if self._abi is None:
+            self._abi = Verdict.ok()
+            device = self._probe_device
+            if device == "cuda" and not torch.cuda.is_available():
+                return self._abi
+            if device is None:
+                return self._abi
+            bf16, f32 = torch.bfloat16, torch.float32
+            x = torch.zeros(1, 1, 1, HEAD_DIM, dtype=bf16, device=device)
+            try:
+                self._import(facts.MODULES[STANDALONE]).fwd(
+                    x, x.clone(), x.clone(), x.clone(), torch.zeros(1, 1, 1, dtype=bf16, device=device), 1.0,
+                    torch.empty_like(x), torch.zeros(1, dtype=f32, device=device),
+                    torch.zeros(1, HEAD_DIM, dtype=f32, device=device), -1.0)
+            except RuntimeError as exc:
+                if "must be on CUDA" not in str(exc):
+                    raise
+                self._abi = Verdict.no(
+                    f"{STANDALONE}: its flash_kda_C extension rejects CUDA tensors as not on CUDA ('all tensors must "
+                    f"be on CUDA' on a one-token probe): it was built against another libtorch than this torch "
+                    f"{torch.__version__} and reads TensorImpl's fields at that torch's offsets. Fix: install the "
+                    "torch the wheel was built with, or build FlashKDA from source against this torch "
+                    "(FLASH_KDA_CUDA_ARCHS=all pip install --no-build-isolation .); vLLM's stable-ABI build, backend "
+                    "'flashkda', runs the same kernel")
+        return self._abi
 
     # ------------------------------------------------------------------ what FlashKDA cannot express
     def _unsupported(self, case) -> str | None:
