@@ -135,8 +135,8 @@ def test_vllm_fla_mutations_are_caught(recurrent):
         return lambda a, k: (a, {n: x for n, x in k.items() if n != name})
 
     for flag in ("scale", "use_qk_l2norm_in_kernel"):
-        assert caught(lambda: agrees(vllm_backend(recurrent, wrap(vllm_fla_ops.make(), fn, drop(flag))), case,
-                                     *VLLM_TOL)), flag
+        assert caught(lambda flag=flag: agrees(vllm_backend(recurrent, wrap(vllm_fla_ops.make(), fn, drop(flag))),
+                                               case, *VLLM_TOL)), flag
 
     class NotTransposedOut(VllmFlaBackend):  # the final state returned value-major, as the library gives it
         def run(self, case, inputs):
@@ -230,8 +230,8 @@ def test_flashkda_mutations_are_caught(flavour):
         return args, kwargs
 
     for bug in (default_scale, key_major_state, no_a_log):
-        assert caught(lambda: agrees(kda_backend(flavour, wrap(flashkda_ops.make(flavour), "fwd", bug)), case,
-                                     *KDA_TOL)), bug.__name__
+        assert caught(lambda bug=bug: agrees(kda_backend(flavour, wrap(flashkda_ops.make(flavour), "fwd", bug)),
+                                             case, *KDA_TOL)), bug.__name__
 
     class NotTransposedOut(FlashKdaBackend):
         def run(self, case, inputs):

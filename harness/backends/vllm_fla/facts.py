@@ -51,8 +51,8 @@ def pair_verdict(backend: str, op: str, env: Env) -> Verdict:
     if env.version("triton") is None:
         unmet.append("triton is not installed (vLLM's FLA copy is Triton kernels); pip install triton")
     return gathered(f"{backend}:{op}", unmet, notes,
-                    backward_reason=f"vLLM's FLA copy is inference only: its autograd Functions define no "
-                                    f"backward (ops/chunk.py:89, ops/fused_recurrent.py:500); use backend 'fla'")
+                    backward_reason="vLLM's FLA copy is inference only: its autograd Functions define no "
+                                    "backward (ops/chunk.py:89, ops/fused_recurrent.py:500); use backend 'fla'")
 
 
 # What both kernels express: q/k at H heads, v/g/beta/state at HV = G*H (GVA; GQA and HK != H are not
