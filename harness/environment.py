@@ -51,6 +51,8 @@ VERSION_KEYS = (
     "fla",
     "triton",
     "transformer_engine",
+    "vllm",
+    "flashkda",
 )
 DIST_KEYS = {
     "cudnn_frontend": ("nvidia-cudnn-frontend",),
@@ -62,9 +64,12 @@ DIST_KEYS = {
     "fla": ("fla-core", "flash-linear-attention"),
     "triton": ("triton",),
     "transformer_engine": ("transformer-engine", "transformer_engine", "transformer-engine-torch"),
+    "vllm": ("vllm",),
+    "flashkda": ("tokenspeed-flashkda",),
 }
 # Modules whose presence matters, checked with find_spec (resolved, not executed: cheap, no side effects).
-IMPORTABLE_KEYS = ("cudnn", "cutlass", "cuda.tile", "cuda.bindings", "fla", "triton", "transformer_engine")
+IMPORTABLE_KEYS = ("cudnn", "cutlass", "cuda.tile", "cuda.bindings", "fla", "triton", "transformer_engine", "vllm",
+                   "flash_kda")
 
 
 @dataclass(frozen=True)

@@ -587,8 +587,8 @@ def test_dry_run_counts_what_would_run_and_why_the_rest_is_declined_and_runs_not
     assert f"{n_kda} cases; nothing was run" in out
     assert f"{n_kda} × fake engine declined: head dim must be 256" in out
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
-    assert f"would run   {n_kda:>2} (backward on 0)" in lines["fake_backends:NoBackward:kda"]
-    assert f"would run   {n_kda:>2} (backward on {n_bwd})" in lines["oracle:kda"]
+    assert f"would run {n_kda:>4} (backward on 0)" in lines["fake_backends:NoBackward:kda"]  # run.py's {:>4}
+    assert f"would run {n_kda:>4} (backward on {n_bwd})" in lines["oracle:kda"]
     assert not list(tmp_path.iterdir()), "a dry run writes no run directory"
 
 

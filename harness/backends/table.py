@@ -56,6 +56,12 @@ BUILTINS: tuple[BuiltinBackend, ...] = (
                    fused=True, lanes=("fla",)),
     BuiltinBackend("te", ("te", "te-checkpoint"), distribution="transformer-engine", version_key="transformer_engine",
                    floors="deltacheck.harness.backends.te.facts:pair_verdict", envelopes=True),
+    BuiltinBackend("vllm_fla", ("vllm-fla", "vllm-fla-recurrent"), distribution="vllm", version_key="vllm",
+                   floors="deltacheck.harness.backends.vllm_fla.facts:pair_verdict", envelopes=True,
+                   tier_targets=(None,)),
+    BuiltinBackend("flashkda", ("flashkda", "flashkda-tokenspeed"), distribution="tokenspeed-flashkda",
+                   version_key="flashkda", floors="deltacheck.harness.backends.flashkda.facts:pair_verdict",
+                   envelopes=True, tier_targets=(90,)),
 )
 
 

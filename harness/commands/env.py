@@ -24,6 +24,8 @@ _PACKAGE_ROWS = (
     ("fla-core", "fla", "fla"),
     ("triton", "triton", "triton"),
     ("transformer-engine", "transformer_engine", "transformer_engine"),
+    ("vllm", "vllm", "vllm"),
+    ("tokenspeed-flashkda", "flashkda", "flash_kda"),
 )
 
 
@@ -154,7 +156,8 @@ def add_cli(subparsers) -> None:
         "env",
         help="show this machine (GPU, runtimes, libraries) and which backend:op pairs can run",
         description=(
-            "Probe the machine and print, for every fused backend (cudnn, fla, fla-recurrent, te, te-checkpoint) × "
+            "Probe the machine and print, for every fused backend (cudnn, fla, fla-recurrent, te, te-checkpoint, vllm-fla, "
+            "vllm-fla-recurrent, flashkda, flashkda-tokenspeed) × "
             "op it implements, whether our floors let it run "
             "and why not. Exit status: 0; 1 if a required pair (NVTE_GDN2_TEST_REQUIRED, "
             "NVTE_GDN_TEST_REQUIRED, DELTACHECK_REQUIRE) cannot run here; 2 if the required-mode "
