@@ -5,7 +5,7 @@ Every shape is small enough for the fp64 reference on a CPU (L0 runs in the CPU 
 
 - ``pool``: a permuted, repeat-free table into a pool larger than the batch, ragged prefill lengths;
 - ``mixed``: prefill and decode sequences in one call (lengths 1 beside longer ones), with a null sequence;
-- ``decode``: a decode batch (T = 1 per sequence), a null among them;
+- ``decode``: a decode batch (T = 1 per sequence), with and without a null among them;
 - ``chain``: n decode steps against one prefill;
 - ``spec``: k drafts with accepted counts 0, mid and k (the first block, a middle one, the last);
 - ``ckpt``: checkpoint cadences that do and do not divide the lengths (and an empty sequence); 64 is cuDNN
@@ -32,6 +32,7 @@ def _l0(op: str) -> list[Case]:
         base.replace(seqlens=(5, 3, 7), pool=7),
         base.replace(seqlens=(4, 1, 6, 1), pool=9, nulls=1),
         base.replace(seqlens=(1, 1, 1, 1, 1), pool=8, nulls=1),
+        base.replace(seqlens=(1, 1, 1, 1), pool=7),  # a decode batch without nulls: FLA 0.6's only pool mode
         base.replace(seqlens=(3, 3, 3), pool=6, chain=3),
         base.replace(seqlens=(4, 4, 4), pool=15, draft=3, accepted=(0, 2, 3)),
         base.replace(seqlens=(9, 4, 0, 13), checkpoint_every=4, initial_state=True)  # gdp: 4 = 2 tokens of nh2,

@@ -164,25 +164,44 @@ def _step_inputs(case, inputs: dict, j: int) -> dict:
     return step
 
 
+def _run_prefill(backend, case, inputs, pool, idx, null) -> tuple:
+    """One plain prefill from the rows the table names (zeros for a null sequence): ``(out, final states as pool
+    rows [N, HO, V, K])``, for a backend whose pool mode is decode-only."""
+    prefill_case = case.replace(pool=0, nulls=0, chain=0, initial_state=True)
+    rows = [torch.zeros_like(pool[0]) if z else pool[int(i)] for i, z in zip(idx.tolist(), null)]
+    out, final = backend.run(prefill_case, dict(inputs, initial_state=torch.stack(rows).contiguous()))
+    return out, final.transpose(-1, -2)
+
+
 def decode_chain(backend, case, env, device="cpu") -> CheckResult:
     """n decode steps through the pool == one prefill over the n tokens: the chain within tolerance of the reference
-    and of the backend's own prefill (outputs and pool), unaddressed rows bit-identical; bitwise equality with the
-    prefill is reported (``chain_equals_prefill``), not required: a chunked prefill rounds differently."""
+    and of the backend's own prefill (outputs and final states), unaddressed rows bit-identical; bitwise equality
+    with the prefill is reported (``chain_equals_prefill``), not required: a chunked prefill rounds differently. The
+    prefill goes through the pool when the backend's pool mode takes it, else through ``run`` from the same rows."""
     check = "decode_chain"
     if not case.chain:
         return _result(check, backend, case, "declined", f"{case.id} has no chain axis")
-    prepared = _prepare(check, backend, case, env, "pool", device)
-    if isinstance(prepared, CheckResult):
-        return prepared
-    inputs, pool, idx, _, null_slot = prepared
     step_case = case.replace(seqlens=(1,) * case.N, chain=0)
+    prepared = _prepare(check, backend, step_case, env, "pool", device)
+    if isinstance(prepared, CheckResult):
+        return _result(check, backend, case, "declined", prepared.reason)
+    _, pool, idx, _, null_slot = prepared
+    inputs = make_inputs(case, device)
+    prefill_in_pool = serving_decline(backend, case, "pool", env) is None
 
     def go():
         before = pool.clone()
         expected = si.reference_pool(case, inputs, before, idx, null_slot)
-        prefill_pool = pool.clone()
-        prefill = backend.serve(case, inputs, ServingCall("pool", pool=prefill_pool, state_indices=idx))
-        prefill_pool = prefill.pool if prefill.pool is not None else prefill_pool
+        if prefill_in_pool:
+            prefill_pool = pool.clone()
+            prefill = backend.serve(case, inputs, ServingCall("pool", pool=prefill_pool, state_indices=idx))
+            prefill_pool = prefill.pool if prefill.pool is not None else prefill_pool
+            prefill_out = prefill.out
+            prefill_rows = {r: prefill_pool[r] for r in expected.written}
+        else:
+            prefill_out, finals = _run_prefill(backend, case, inputs, before, idx, expected.null)
+            live = [i for i, z in zip(idx.tolist(), expected.null) if not z]
+            prefill_rows = {r: finals[n] for n, r in enumerate(idx.tolist()) if r in live}
         current, outs = pool, []
         for j in range(case.chain):
             got = backend.serve(step_case, _step_inputs(case, inputs, j), ServingCall("pool", pool=current,
@@ -193,13 +212,15 @@ def decode_chain(backend, case, env, device="cpu") -> CheckResult:
         # A null sequence keeps no state between steps (reference/serving.py): its chain output is not its prefill
         # output, so outputs are compared for the non-null sequences only (as everywhere).
         numbers = {"out_err": max(_out_errors(case, chain_out, expected.out, expected.null), default=0.0),
-                   **_pool_numbers(case, current, expected, before)}
-        live = [i for i in range(case.pool) if i in set(expected.written)]
-        prefill_cpu = prefill_pool.detach().cpu().to(torch.float64)
-        numbers["prefill_row_err"] = max((_err(current[r], prefill_cpu[r]) for r in live), default=0.0)
-        numbers["prefill_out_err"] = max(_out_errors(case, chain_out, prefill.out.detach().cpu().to(torch.float64),
+                   **_pool_numbers(case, current, expected, before),
+                   "prefill": "pool" if prefill_in_pool else "run"}
+        numbers["prefill_row_err"] = max((_err(current[r], prefill_rows[r].detach().cpu().to(torch.float64))
+                                          for r in prefill_rows), default=0.0)
+        numbers["prefill_out_err"] = max(_out_errors(case, chain_out, prefill_out.detach().cpu().to(torch.float64),
                                                      expected.null), default=0.0)
-        numbers["chain_equals_prefill"] = bool(torch.equal(current.detach().cpu(), prefill_pool.detach().cpu()))
+        numbers["chain_equals_prefill"] = all(
+            bool(torch.equal(current[r].detach().cpu(), prefill_rows[r].detach().cpu().to(current.dtype)))
+            for r in prefill_rows)
         return _verdict(check, backend, case, numbers, *_limits(case))
 
     return _guarded(check, backend, case, go)

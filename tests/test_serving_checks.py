@@ -1,0 +1,126 @@
+"""The serving checks (harness/serving_checks.py, harness/invariance_checks.py): each passes the clean backends
+(the reference backends and a third-party clean one, tests/serving_backends.py) on every serving case of L0, and
+catches the planted bug of its class."""
+
+from __future__ import annotations
+
+import pytest
+
+from deltacheck.cases.serving import check_for, serving_cases
+from deltacheck.cases.spec import Case
+from deltacheck.harness.backends.base import get_backend
+from deltacheck.harness.environment import probe_env
+from deltacheck.harness.invariance_checks import INVARIANCE_CHECKS
+from deltacheck.harness.serving_checks import SERVING_CHECKS
+
+import serving_backends as sb
+
+ENV = probe_env()
+L0 = serving_cases("L0")
+
+
+def run_check(backend, case, name=None):
+    name = name or check_for(case)
+    fn = SERVING_CHECKS.get(name) or INVARIANCE_CHECKS[name]
+    return fn(backend, case, ENV)
+
+
+@pytest.mark.parametrize("backend", ["oracle", "chunked", "baseline", "clean"])
+@pytest.mark.parametrize("case", L0, ids=lambda c: c.id)
+def test_clean_backends_pass_every_serving_case(backend, case):
+    be = sb.Clean() if backend == "clean" else get_backend(backend)
+    result = run_check(be, case)
+    assert result.status == "passed", (result.reason, result.numbers)
+
+
+# Training-style thd cases for the invariance checks: ragged, an empty sequence, h0, GDP's sub-tokens.
+INVARIANCE_CASES = [
+    Case(op="gdn", seqlens=(7, 0, 5)), Case(op="kda", seqlens=(6, 9), initial_state=True),
+    Case(op="gdn2", seqlens=(4, 4, 3)), Case(op="gdp", seqlens=(5, 6), num_householder=2),
+]
+
+
+@pytest.mark.parametrize("backend", ["oracle", "chunked", "clean"])
+@pytest.mark.parametrize("check", sorted(INVARIANCE_CHECKS))
+@pytest.mark.parametrize("case", INVARIANCE_CASES, ids=lambda c: c.id)
+def test_clean_backends_pass_the_invariance_checks(backend, check, case):
+    be = sb.Clean() if backend == "clean" else get_backend(backend)
+    result = run_check(be, case, check)
+    assert result.status == "passed", (result.reason, result.numbers)
+
+
+def _one(check: str, **fields) -> Case:
+    return next(c for c in L0 if check_for(c) == check and all(getattr(c, k) == v for k, v in fields.items()))
+
+
+def test_pool_integrity_catches_a_key_major_read_of_a_value_major_pool():
+    case = _one("pool_integrity", nulls=0)
+    assert case.K == case.V  # silent in shape: only the numbers show it
+    result = run_check(sb.KeyMajorPool(), case)
+    assert result.status == "failed" and result.numbers["row_err"] > 0.1, result.numbers
+    assert run_check(sb.Clean(), case).status == "passed"
+
+
+def test_pool_integrity_catches_a_write_to_the_null_slot():
+    case = _one("pool_integrity", nulls=1)
+    result = run_check(sb.NullSlotWriter(), case)
+    assert result.status == "failed" and result.numbers["changed_rows"] == [0], result.numbers
+    assert "rows no sequence addresses changed" in result.reason
+
+
+def test_speculative_catches_the_first_instead_of_the_accepted_block():
+    case = _one("speculative")
+    assert max(case.accepted) >= 1  # a_n = 0 reads the first block legitimately
+    result = run_check(sb.FirstBlock(), case)
+    assert result.status == "failed" and result.numbers["picked_err"] > 0.1, result.numbers
+
+
+def test_causality_catches_a_future_gate_read():
+    for case in INVARIANCE_CASES:
+        result = run_check(sb.FutureGate(), case, "causality")
+        assert result.status == "failed" and result.numbers["max_ulps_before"] > 1, (case.id, result.numbers)
+
+
+def test_graph_replay_catches_a_replay_that_keeps_the_captured_inputs():
+    result = run_check(sb.GraphKeepsInputs(), INVARIANCE_CASES[0], "graph_replay")
+    assert result.status == "failed" and result.numbers["out_diff"] > 0.1, result.numbers
+
+
+def test_checkpoints_catch_rows_one_cadence_late():
+    result = run_check(sb.CheckpointAfter(), _one("checkpoints"))
+    assert result.status == "failed" and result.numbers["checkpoint_err"] > 0.01, result.numbers
+
+
+def test_checks_decline_with_a_reason():
+    pool_case = _one("pool_integrity", nulls=0)
+    training = Case(op="gdn", seqlens=(3, 4))
+    assert run_check(get_backend("oracle"), training, "pool_integrity").status == "declined"
+
+    class NoHook:
+        name, ops = "nohook", frozenset({"gdn"})
+
+        def check(self, case, env):
+            return sb.Clean().check(case, env)
+
+        def run(self, case, inputs):
+            return sb.Clean().run(case, inputs)
+
+    result = run_check(NoHook(), pool_case)
+    assert result.status == "declined" and "no serving hook" in result.reason
+    cudnn_like = sb.Clean()
+    cudnn_like.null_slot = None
+    result = run_check(cudnn_like, _one("pool_integrity", nulls=1))
+    assert result.status == "declined" and "no null slot" in result.reason
+    # On a CPU the CUDA-graph capture declines unless the backend brings its own capture.
+    result = run_check(NoHook(), training, "graph_replay")
+    assert result.status == "declined" and "CUDAGraph needs a GPU" in result.reason
+
+
+def test_batch_invariance_reports_the_spread_where_nothing_is_promised():
+    class Unpromised(sb.Clean):
+        def serving_verdict(self, case, mode, env):
+            return sb.Verdict.no("no promise") if mode == "batch_invariant" else sb.Verdict.ok()
+
+    result = run_check(Unpromised(), INVARIANCE_CASES[0], "batch_invariance")
+    assert result.status == "reported" and result.numbers["promised"] is False
+    assert result.numbers["out_spread"] == 0.0  # the clean loop is invariant even unpromised
