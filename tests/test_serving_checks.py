@@ -124,3 +124,49 @@ def test_batch_invariance_reports_the_spread_where_nothing_is_promised():
     result = run_check(Unpromised(), INVARIANCE_CASES[0], "batch_invariance")
     assert result.status == "reported" and result.numbers["promised"] is False
     assert result.numbers["out_spread"] == 0.0  # the clean loop is invariant even unpromised
+
+
+# --- the FLA serving adapter, against a contract double of FLA 0.6's internal _fwd ---------------------------------
+
+def _fla_serving(mutation=None):
+    from deltacheck.harness.backends.base import Verdict
+    from deltacheck.harness.backends.fla import adapter as fla_adapter
+    from doubles import fla_ops, fla_serving
+
+    backend = fla_adapter.FlaBackend(fla_serving.add_serving(fla_ops.make(), mutation=mutation), recurrent=True)
+    backend.pair_verdict = lambda op, env: Verdict.ok()  # the floors have their own tests; the double is capable
+    return backend
+
+
+FLA_CASES = [c for c in L0 if c.op in ("kda", "gdn2") and check_for(c) in ("pool_integrity", "decode_chain",
+                                                                               "speculative")]
+
+
+@pytest.mark.parametrize("case", FLA_CASES, ids=lambda c: c.id)
+def test_fla_serving_adapter_passes_or_declines_with_the_source_reason(case):
+    backend = _fla_serving()
+    result = run_check(backend, case)
+    if check_for(case) == "pool_integrity" and max(case.seqlens) > 1:
+        assert result.status == "declined" and "decode-only" in result.reason
+    elif case.nulls:
+        assert result.status == "declined" and "no null slot" in result.reason
+    else:
+        assert result.status == "passed", (result.reason, result.numbers)
+        call = backend._module.calls[-1]
+        assert call["inplace_final_state"] and call["state_v_first"]
+
+
+def test_fla_serving_adapter_with_a_key_major_pool_read_fails():
+    case = next(c for c in FLA_CASES if check_for(c) == "speculative")
+    result = run_check(_fla_serving("key_major"), case)
+    assert result.status == "failed" and result.numbers["row_err"] > 0.1, result.numbers
+
+
+def test_fla_serving_declines_gdn_and_the_chunk_path_with_reasons():
+    case = _one("speculative")
+    from deltacheck.harness.backends.fla import adapter as fla_adapter
+
+    assert "fused_recurrent_gated_delta_rule_fwd has no ssm_state_indices" in \
+        fla_adapter.FlaBackend(recurrent=True).serving_verdict(case, "spec", ENV).reason
+    assert "chunk_* take no ssm_state_indices" in fla_adapter.FlaBackend().serving_verdict(
+        case.replace(op="kda"), "spec", ENV).reason
