@@ -5,6 +5,7 @@ catches the planted bug of its class."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from deltacheck.cases.serving import check_for, serving_cases
 from deltacheck.cases.spec import Case
@@ -170,3 +171,56 @@ def test_fla_serving_declines_gdn_and_the_chunk_path_with_reasons():
         fla_adapter.FlaBackend(recurrent=True).serving_verdict(case, "spec", ENV).reason
     assert "chunk_* take no ssm_state_indices" in fla_adapter.FlaBackend().serving_verdict(
         case.replace(op="kda"), "spec", ENV).reason
+
+
+# --- the cuDNN serving adapter, against FROST's semantics on the cudnn_la double ------------------------------------
+
+def _cudnn_serving(mutation=None):
+    from deltacheck.harness.backends.base import Verdict
+    from deltacheck.harness.backends.cudnn import adapter as cudnn_adapter
+    from doubles import cudnn_la, cudnn_serving
+
+    backend = cudnn_adapter.CudnnBackend(cudnn_serving.add_frost(cudnn_la.make(), mutation=mutation), device="cpu")
+    backend.pair_verdict = lambda op, env: Verdict.ok()
+    return backend
+
+
+BLACKWELL = probe_env().__class__(cuda=True, device_name="NVIDIA B200 (test double)", capability=(10, 0))
+HOPPER = probe_env().__class__(cuda=True, device_name="NVIDIA H200 (test double)", capability=(9, 0))
+CUDNN_CASES = [c.replace(checkpoint_every=64, seqlens=(130, 64, 0, 7)) if c.checkpoint_every else c
+               for c in L0 if check_for(c) in ("pool_integrity", "decode_chain", "checkpoints")]
+
+
+@pytest.mark.parametrize("case", CUDNN_CASES, ids=lambda c: c.id)
+def test_cudnn_serving_adapter_on_the_frost_double(case):
+    result = SERVING_CHECKS[check_for(case)](_cudnn_serving(), case, BLACKWELL)
+    if case.nulls:
+        assert result.status == "declined" and "no null slot" in result.reason
+    else:
+        assert result.status == "passed", (result.reason, result.numbers)
+
+
+def test_cudnn_serving_adapter_passes_the_four_arguments_and_frost_mutations_fail():
+    backend = _cudnn_serving()
+    pool_case = _one("pool_integrity", nulls=0)
+    assert SERVING_CHECKS["pool_integrity"](backend, pool_case, BLACKWELL).status == "passed"
+    call = backend._module.serving_calls[-1]
+    assert call["initial_state"].shape[0] == pool_case.pool  # the pool itself, not a gathered copy
+    assert call["overwrite_initial_state"] and call["state_indices"].dtype == torch.int32
+    bad = SERVING_CHECKS["pool_integrity"](_cudnn_serving("key_major_pool"), pool_case, BLACKWELL)
+    assert bad.status == "failed" and bad.numbers["row_err"] > 0.1
+    ckpt = CUDNN_CASES[-1]
+    late = SERVING_CHECKS["checkpoints"](_cudnn_serving("late_checkpoints"), ckpt, BLACKWELL)
+    assert late.status == "failed" and late.numbers["checkpoint_err"] > 0.01, late.numbers
+    inv = INVARIANCE_CHECKS["batch_invariance"](backend, Case(op="kda", seqlens=(6, 9, 2)), BLACKWELL)
+    assert inv.status == "passed" and inv.numbers["promised"], inv.numbers
+
+
+def test_cudnn_serving_declines_on_hopper_with_the_engines_reasons():
+    backend = _cudnn_serving()
+    result = SERVING_CHECKS["pool_integrity"](backend, _one("pool_integrity", nulls=0), HOPPER)
+    assert result.status == "declined" and "KdaHopperCudaEngine: 'state_indices" in result.reason
+    result = SERVING_CHECKS["checkpoints"](backend, CUDNN_CASES[-1], HOPPER)
+    assert result.status == "declined" and "state_checkpoints are not produced by the Hopper kernel" in result.reason
+    result = SERVING_CHECKS["speculative"](backend, _one("speculative"), BLACKWELL)
+    assert result.status == "declined" and "num_accepted_tokens" in result.reason
