@@ -235,6 +235,7 @@ def causality(backend, case, env, device="cpu") -> CheckResult:
             perturbed[name] = torch.where(m, other[name], inputs[name]).contiguous()
         out0, _ = backend.run(case, inputs)
         out1, _ = backend.run(case, perturbed)
+        states = _states_before_cut(backend, case, env, inputs, perturbed, cuts)
         before = ~_along(out0, mask, _token_axis(case))
         a = torch.masked_select(out0.detach(), before).to(torch.float64)
         b = torch.masked_select(out1.detach(), before).to(torch.float64)
@@ -242,8 +243,10 @@ def causality(backend, case, env, device="cpu") -> CheckResult:
         diff = (a - b).abs()
         ulps = float((diff / ulp(torch.maximum(a.abs(), b.abs()), out0.dtype)).max()) if diff.numel() else 0.0
         numbers = {"rule": rule, "cuts": cuts, "max_abs_before": float(diff.max()) if diff.numel() else 0.0,
-                   "max_ulps_before": ulps, "finite": finite}
+                   "max_ulps_before": ulps, "finite": finite, "states": states}
         problems = []
+        if isinstance(states, dict) and not states["unchanged"]:
+            problems.append(f"per-token states before the cut changed (max |diff| {states['max_abs']:.3g})")
         if not finite:
             problems.append("non-finite outputs")
         if rule == "bitwise" and not _bitwise(torch.masked_select(out0.detach(), before),
@@ -255,6 +258,33 @@ def causality(backend, case, env, device="cpu") -> CheckResult:
         return _result(check, backend, case, "failed" if problems else "passed", "; ".join(problems), **numbers)
 
     return _guarded(check, backend, case, go)
+
+
+def _states_before_cut(backend, case, env, inputs, perturbed, cuts):
+    """The state after each token before the cut, from both inputs, where the backend serves per-token states
+    (its "spec" mode with one slot per token, started from slot [n, 0] holding the initial state): bit-identical
+    (both come from the same recurrent path). Returns a dict, or why it was not compared."""
+    if case.layout != "thd" or serving_decline(backend, case, "spec", env) is not None:
+        return "not compared: no per-token states from this backend (its spec mode)"
+    null = getattr(backend, "null_slot", None)
+    first = null.first_real() if null is not None else 0
+    width = max(max(case.seqlens), 1)
+    table = torch.tensor([[first + n * width + t for t in range(width)] for n in range(case.N)], dtype=torch.int32)
+    rows = first + case.N * width
+    got = []
+    for which in (inputs, perturbed):
+        pool = torch.zeros(rows, case.HO, case.V, case.K, dtype=torch.float32, device=inputs["q"].device)
+        h0 = which.get("initial_state")
+        if h0 is not None:
+            pool[table[:, 0].long()] = h0.to(torch.float32)
+        table_d = table.to(pool.device)
+        out = backend.serve(case, which, ServingCall("spec", pool=pool, state_indices=table_d))
+        got.append(out.pool if out.pool is not None else pool)
+    keep = [int(table[n, t]) for n, c in enumerate(cuts) for t in range(c)]
+    if not keep:
+        return {"unchanged": True, "max_abs": 0.0, "rows": 0}
+    a, b = got[0][keep], got[1][keep]
+    return {"unchanged": _bitwise(a, b), "max_abs": _max_abs(a, b), "rows": len(keep)}
 
 
 INVARIANCE_CHECKS = {"batch_invariance": batch_invariance, "graph_replay": graph_replay, "causality": causality}

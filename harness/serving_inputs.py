@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import torch
 
-from deltacheck.cases.inputs import _generator
+from deltacheck.cases.inputs import stream_seed
 from deltacheck.reference import serving as sv
 
 from .backends.reference import reference_arguments
 
 POOL_SCALE = 0.5  # pool rows ~ N(0, 0.25): states of the magnitude a contractive recurrence keeps
+
+
+def _generator(case, name: str) -> torch.Generator:
+    """The case's own stream for ``name`` (cases/inputs.py's seeding: the id and seed, never Python's hash)."""
+    return torch.Generator().manual_seed(stream_seed(case, name))
 
 
 class NoNullSlot(ValueError):

@@ -28,13 +28,15 @@ ALL_CHECKS = (*SERVING_CHECKS, *INVARIANCE_CHECKS)
 
 
 def plan(tier: str, serving_tier: str, checks, op=None) -> list[tuple[str, object]]:
-    """(check, case) pairs: each serving case under the check it exists for, every case of ``tier`` under each
-    invariance check asked for."""
+    """(check, case) pairs: each serving case under the check it exists for, then every case of ``tier`` under
+    each invariance check asked for, case by case (a budget then cuts cases, not whole checks; one compile serves
+    the case's three checks)."""
     from .tiers import select
 
     pairs = [(check_for(c), c) for c in serving_cases(serving_tier, op) if check_for(c) in checks]
     training = select(tier, op=op) if tier else []
-    pairs += [(name, c) for name in INVARIANCE_CHECKS if name in checks for c in training]
+    order = [name for name in ("causality", "graph_replay", "batch_invariance") if name in checks]
+    pairs += [(name, c) for c in training for name in order]
     return pairs
 
 
