@@ -30,9 +30,15 @@ SERVING_FWD = {"kda": ("fla.ops.kda.fused_recurrent", "fused_recurrent_kda_fwd")
 
 
 class FlaServing:
-    """Mixed into ``FlaBackend`` (needs ``recurrent``, ``check``, ``_import``, ``_flags``, ``_gate_kwargs``)."""
+    """Mixed into ``FlaBackend`` (needs ``recurrent``, ``check``, ``_import``, ``_flags``, ``_gate_kwargs``).
+
+    A copy of these kernels (vLLM's) reuses it by setting three class attributes: ``null_slot`` (vLLM: ``VLLM``),
+    ``serving_entry`` (op -> (module, function) of its in-place entry points; a "gdn" entry is called with
+    ``g=``/``beta=`` keywords) and ``pool_decode_only`` (False where the per-token store applies the token stride)."""
 
     null_slot = None
+    serving_entry = SERVING_FWD
+    pool_decode_only = True
 
     def serving_verdict(self, case, mode: str, env) -> Verdict:
         if mode not in SERVING_MODES:
@@ -44,12 +50,12 @@ class FlaServing:
         if not self.recurrent:
             return Verdict.no("FLA 0.6 chunk_* take no ssm_state_indices / num_accepted_tokens: the serving arguments "
                               "are on fused_recurrent_kda_fwd / fused_recurrent_gdn2_fwd only (use fla-recurrent)")
-        if case.op not in SERVING_FWD:
+        if case.op not in self.serving_entry:
             return Verdict.no("FLA 0.6 fused_recurrent_gated_delta_rule_fwd has no ssm_state_indices, "
                               "num_accepted_tokens or inplace_final_state (fla/ops/gated_delta_rule/fused_recurrent.py"
                               "); its public function's **kwargs reads only transpose_state_layout")
-        if mode == "pool" and max(case.seqlens) > 1:
-            return Verdict.no(f"FLA 0.6 {SERVING_FWD[case.op][1]} stores the state after token t at "
+        if mode == "pool" and self.pool_decode_only and max(case.seqlens) > 1:
+            return Verdict.no(f"FLA 0.6 {self.serving_entry[case.op][1]} stores the state after token t at "
                               "ssm_state_indices[n*stride_seq + t]: with a 1-D table and T > 1 that is the next "
                               "sequence's entry (past the table's end for the last): the 1-D pool is decode-only")
         return Verdict.ok("serving through FLA's internal _fwd (the public function drops the serving kwargs)")
@@ -57,7 +63,7 @@ class FlaServing:
     def serve(self, case, inputs: dict, call) -> ServingOutput:
         from .adapter import _from_btd, _to_btd
 
-        module, attr = SERVING_FWD[case.op]
+        module, attr = self.serving_entry[case.op]
         fwd = getattr(self._import(module), attr)
         q, k, v, g, beta = (_to_btd(inputs[n], "thd") for n in ("q", "k", "v", "g", "beta"))
         kwargs = self._flags(case)
@@ -71,6 +77,8 @@ class FlaServing:
                       cu_seqlens=inputs["cu_seqlens"].to(torch.int64))
         if case.op == "gdn2":
             o, _ = fwd(q, k, v, g, beta, _to_btd(inputs["w"], "thd"), **kwargs)
+        elif case.op == "gdn":  # FLA's GDN signature: (q, k, v, g=None, gk=None, gv=None, beta=None, ...)
+            o, _ = fwd(q, k, v, g=g, beta=beta, **kwargs)
         else:
             o, _ = fwd(q, k, v, g, beta, **kwargs)
         return ServingOutput(_from_btd(o, "thd"), pool=pool)
