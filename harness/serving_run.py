@@ -34,7 +34,8 @@ def plan(tier: str, serving_tier: str, checks, op=None) -> list[tuple[str, objec
     from .tiers import select
 
     pairs = [(check_for(c), c) for c in serving_cases(serving_tier, op) if check_for(c) in checks]
-    training = select(tier, op=op) if tier else []
+    # The invariance checks judge forward calls: a backward or continuation case contributes its forward call.
+    training = list(dict.fromkeys(c.replace(backward=False, splits=()) for c in (select(tier, op=op) if tier else [])))
     order = [name for name in ("causality", "graph_replay", "batch_invariance") if name in checks]
     pairs += [(name, c) for c in training for name in order]
     return pairs
@@ -96,6 +97,8 @@ def main(argv=None) -> int:
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    name = torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu"
+    print(f"device {device} ({name}), torch {torch.__version__}", flush=True)
     checks = [c for c in args.checks.split(",") if c]
     unknown = sorted(set(checks) - set(ALL_CHECKS))
     if unknown:
