@@ -71,11 +71,13 @@ def stream_key(case: Case) -> str:
 
     Axes that only re-arrange or re-encode the same draws are neutralised: layout (a reshape), gate
     domain (alpha = exp(g) of the same g), state dtype (a cast of the same h0), and the check axes
-    (splits, backward, tier), and the magnitude (a multiple of the same draws). So e.g. a linear-domain case is
+    (splits, backward, tier), the serving axes (a serving case gets its training twin's tokens; its pool draws
+    have their own stream), and the magnitude (a multiple of the same draws). So e.g. a linear-domain case is
     bitwise exp() of its log-domain twin.
     """
     return case.replace(layout="thd", gate_domain="log", state_dtype="fp32", splits=(), backward=False,
-                        seed=0, tier="L0", magnitude=None).id
+                        seed=0, tier="L0", magnitude=None, pool=0, nulls=0, chain=0, draft=0, accepted=(),
+                        checkpoint_every=0).id
 
 
 def stream_seed(case: Case, name: str) -> int:

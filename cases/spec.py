@@ -6,7 +6,7 @@ when they differ from their default, in the order shown):
     <op>-<io>-<layout>-N<n>-<lengths>-H<H>/<HK>/<HV>-K<K>-V<V>-<gate>
         [-nh<n>] [-state_bf16] [-beta_<profile>] [-l2norm] [-sigmoid] [-negeig] [-linear]
         [-safegate] [-alog] [-dtbias] [-guard] [-scale<x>] [-mag<x>] [-h0] [-cont[<s>_<s>...]] [-bwd]
-        [-seed<n>] [-L1|-L2]
+        [-pool<n>] [-null<k>] [-chain<n>] [-spec<k>[<a>_<a>...]] [-ckpt<n>] [-seed<n>] [-L1|-L2]
 
     lengths: dense layouts  L<len>               (every sequence has this length)
              thd            T[<l1>_<l2>_...]     (one entry per sequence; 0 is allowed)
@@ -14,6 +14,7 @@ when they differ from their default, in the order shown):
     scale, mag: Python's repr of the float with "e-" written "em" (so the id never has a stray "-")
     nh:      GDP's number of Householder steps per token (num_householder), always written for gdp and
              only for gdp (other ops have none: their ids are unchanged)
+    pool, null, chain, spec, ckpt: the serving axes (issue 26), defined in ``serving_axes.py``
 
 Example: ``gdn2-bf16-thd-N3-T[0_63_1000]-H4/4/4-K128-V128-steep-h0-cont[64]-bwd``.
 
@@ -29,6 +30,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from . import serving_axes
 from .support import OP_SUPPORT, head_config_of
 
 IO_DTYPES = ("bf16", "fp16")
@@ -89,13 +91,21 @@ class Case:
     splits: tuple[int, ...] = ()
     num_householder: int = 1  # GDP's sub-token updates per real token; 1 (the only value) for other ops
     backward: bool = False
+    # The serving axes (serving_axes.py): pool rows, null sequences, decode chain, draft tokens with accepted
+    # counts, checkpoint cadence; all 0/() for a training-style call.
+    pool: int = 0
+    nulls: int = 0
+    chain: int = 0
+    draft: int = 0
+    accepted: tuple[int, ...] = ()
+    checkpoint_every: int = 0
     seed: int = 0
     tier: str = field(default="L0")
 
     # ------------------------------------------------------------------ validation
     def __post_init__(self):
         # Lists are convenient to write; the frozen, hashable Case stores tuples.
-        for name in ("seqlens", "splits"):
+        for name in ("seqlens", "splits", "accepted"):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
@@ -217,6 +227,7 @@ class Case:
         if self.splits and self.splits[-1] >= max(self.seqlens):
             raise _bad("splits", f"offsets must be < the longest sequence ({max(self.seqlens)}); "
                                  f"got {self.splits!r}")
+        serving_axes.validate(self, _bad)
 
     # ------------------------------------------------------------------ derived facts
     @property
@@ -306,6 +317,7 @@ class Case:
             parts.append("cont[" + "_".join(map(str, self.splits)) + "]")
         if self.backward:
             parts.append("bwd")
+        parts += serving_axes.tokens(self)
         if self.seed:
             parts.append(f"seed{self.seed}")
         if self.tier != "L0":
@@ -425,6 +437,13 @@ def parse_id(text: str) -> Case:
                 raise _bad(key, f"token {token!r}: expected {token[:3]}...<float>, e.g. scale0.125, mag1000.0") from None
         elif re.fullmatch(r"nh\d+", token):
             key, value = "num_householder", _int_token(token, "nh", "num_householder", "nh")
+        elif (served := serving_axes.parse_token(token, _bad)) is not None:
+            for key, value in served:
+                if key in seen:
+                    raise _bad(key, f"given twice (token {token!r}) in {text!r}")
+                seen.add(key)
+                fields[key] = value
+            continue
         elif token.startswith("cont"):
             key, value = "splits", _int_list(token[len("cont"):], "splits", token)
         elif token.startswith("seed"):

@@ -70,6 +70,11 @@ class BackendHooks(Protocol):
     - ``envelopes(op, *, env=None, sm=None) -> Iterable[Envelope]``: what the backend declares it serves
       (docs/envelopes.md): generated tiers add cases inside it, ``list --backend`` narrows to it, and a decline
       inside it (or a run outside it) is noted on the result.
+    - The serving hook (issue 26; ``serving.py`` has the data, docs/serving.md the checks): ``null_slot`` (a
+      ``reference.serving.NullSlot`` or None), ``serving_verdict(case, mode, env) -> Verdict`` per mode of
+      ``serving.SERVING_MODES`` and ``serve(case, inputs, call: ServingCall) -> ServingOutput``; for the invariance
+      checks ``capture_graph(case, static_inputs) -> replay``, ``graph_verdict(case, env) -> Verdict`` and
+      ``causal_rule(case) -> "bitwise" | "chunked"``.
     """
 
     def pair_verdict(self, op: str, env: Any) -> Verdict: ...
@@ -81,6 +86,18 @@ class BackendHooks(Protocol):
     def version(self) -> str | None: ...
 
     def envelopes(self, op: str, *, env: Any = None, sm: int | None = None) -> Any: ...
+
+    null_slot: Any
+
+    def serving_verdict(self, case: Any, mode: str, env: Any) -> Verdict: ...
+
+    def serve(self, case: Any, inputs: dict, call: Any) -> Any: ...
+
+    def capture_graph(self, case: Any, static_inputs: dict) -> Callable[[], tuple[Any, Any]]: ...
+
+    def graph_verdict(self, case: Any, env: Any) -> Verdict: ...
+
+    def causal_rule(self, case: Any) -> str: ...
 
 
 _REGISTRY: dict[str, Callable[[], Backend]] = {}

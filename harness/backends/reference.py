@@ -22,6 +22,7 @@ import torch
 from ... import reference
 from ...reference import layouts
 from .base import Verdict, register
+from .reference_serving import ReferenceServing
 
 OPS = frozenset({"gdn", "kda", "gdn2", "gdp"})
 _IO_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -68,7 +69,7 @@ def reference_arguments(case, inputs: dict, *, compute_dtype: torch.dtype = torc
     return _op_args(case, inputs), kwargs
 
 
-class ReferenceBackend:
+class ReferenceBackend(ReferenceServing):
     """One reference configuration: ``method`` ("oracle" / "chunked") and the compute precision.
 
     ``same_precision=False`` computes in fp64 from the inputs as given; ``same_precision=True`` computes in the
@@ -107,6 +108,9 @@ class ReferenceBackend:
             notes = (*notes, f"{self.name}: gate and flag math in fp32, the recurrence in {case.io_dtype}")
         return Verdict.ok(*notes)
 
+    def _compute(self, case) -> torch.dtype:
+        return _IO_DTYPES[case.io_dtype] if self.same_precision else torch.float64
+
     def run(self, case, inputs: dict):
         method, _ = self._method()
         if not method:
@@ -114,7 +118,7 @@ class ReferenceBackend:
         # Every reference reads the inputs exactly as the kernel receives them (q/k/v in the io dtype; g, fp32 beta,
         # states, a_log, dt_bias as given): the fp64 references up-cast them (exact), the baseline does its gate and
         # flag math in fp32, as kernels do, and its recurrence in the io dtype.
-        compute = _IO_DTYPES[case.io_dtype] if self.same_precision else torch.float64
+        compute = self._compute(case)
         args, kwargs = reference_arguments(case, inputs, compute_dtype=compute, method=method)
         out, final_vk = getattr(reference, case.op)(*args, **kwargs)
         return out, layouts.state_convert(final_vk, "vk", "kv")

@@ -43,6 +43,7 @@ from ..base import Verdict
 from ..loading import Library, load_entry_point
 from . import facts
 from .facts import ENTRY_POINTS, INSTALL_HINT
+from .serving import CudnnServing
 
 PLAN_ENV = "DELTACHECK_CUDNN_PLAN"
 
@@ -172,7 +173,7 @@ def _short(dtype: torch.dtype) -> str:
     return {_F32: "fp32", _BF16: "bf16", _F16: "fp16", torch.float64: "fp64"}.get(dtype, str(dtype))
 
 
-class CudnnBackend:
+class CudnnBackend(CudnnServing):
     """The cuDNN frontend's linear-attention ops as a deltacheck backend.
 
     ``module``: the ``cudnn.linear_attention`` module, or a contract double; it (or ``package``) must
@@ -233,8 +234,10 @@ class CudnnBackend:
         return (error,) if isinstance(error, type) else ()
 
     # ------------------------------------------------------------------ the call
-    def _call(self, case, inputs: dict):
-        """Pack, conform, call, unpack. Returns ``(out, final_state_kv, notes)``."""
+    def _call(self, case, inputs: dict, extra: dict | None = None):
+        """Pack, conform, call, unpack. Returns ``(out, final_state_kv, notes)``. ``extra``: serving keywords
+        (serving.py), over the case's own; a checkpoint series (the op's third return value) goes to
+        ``self._checkpoints``."""
         op = self._op(case)
         io = inputs["q"].dtype
         layout = case.layout
@@ -266,12 +269,14 @@ class CudnnBackend:
             kwargs["dt_bias"] = tensors["dt_bias"]
         if self.plan_name:
             kwargs["plan_name"] = self.plan_name
+        kwargs.update(extra or {})
 
         watched = _watch(getattr(getattr(self._module, "ops", None), case.op, None))
         start = len(_SEEN)
         self._served = None
         try:
-            o, final_state = op(*args, **kwargs)
+            o, final_state, *series = op(*args, **kwargs)
+            self._checkpoints = series[0] if series else None
         finally:
             seen = _SEEN[start:]
             del _SEEN[:]
@@ -322,7 +327,8 @@ class CudnnBackend:
     def _probe_case(self, case):
         """The same configuration (op, dtypes, heads, dims, flags) on a single one-token sequence."""
         return case.replace(layout="thd", seqlens=(1,), splits=(), backward=False, gate="typical",
-                            beta_profile="uniform", seed=0, tier="L0")
+                            beta_profile="uniform", seed=0, tier="L0", pool=0, nulls=0, chain=0, draft=0,
+                            accepted=(), checkpoint_every=0)  # the serving axes: serving_verdict's to judge
 
     def _probe_key(self, case) -> tuple:
         return (self._probe_case(case).id, case.backward, self.plan_name)

@@ -39,6 +39,7 @@ from ..base import Verdict
 from ..loading import Library, load_entry_point
 from . import facts, winners
 from .facts import CHUNK, INSTALL_HINT, RECURRENT
+from .serving import FlaServing
 
 DISPATCH_ENV = "FLA_DISABLE_BACKEND_DISPATCH"
 
@@ -78,7 +79,7 @@ def _state_from_fla(state: torch.Tensor) -> torch.Tensor:
     return state.float() if state.dtype in (torch.bfloat16, torch.float16) else state
 
 
-class FlaBackend:
+class FlaBackend(FlaServing):
     """FLA's kernels as a deltacheck backend. ``recurrent=True`` selects the fused_recurrent_* family.
 
     ``module``: a namespace holding the FLA functions by name (a contract double in tests; it may also

@@ -1,0 +1,117 @@
+"""Run the serving checks over the serving tier and the invariance checks over a training tier, for backends, and
+print per backend x check: run / passed / failed / declined (and reported, error). Issue 26's table.
+
+    python -m deltacheck.harness.serving_run --backend fla-recurrent --backend fla --tier L0 \
+        --serving-tier L0 --out results.json [--budget-s 60] [--checks causality,graph_replay] [--op kda]
+
+``--budget-s`` stops starting new checks for a backend after that many seconds (what ran is kept and the rest is counted as
+not run, never as passed). Each result carries the case id, so a failure reproduces with
+``serving_checks.<check>(get_backend(name), Case.from_id(id), probe_env(), device)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import time
+
+from deltacheck.cases.serving import check_for, serving_cases
+
+from .backends.base import backend_for
+from .environment import probe_env
+from .invariance_checks import INVARIANCE_CHECKS
+from .serving_checks import SERVING_CHECKS
+
+ALL_CHECKS = (*SERVING_CHECKS, *INVARIANCE_CHECKS)
+
+
+def plan(tier: str, serving_tier: str, checks, op=None) -> list[tuple[str, object]]:
+    """(check, case) pairs: each serving case under the check it exists for, then every case of ``tier`` under
+    each invariance check asked for, case by case (a budget then cuts cases, not whole checks; one compile serves
+    the case's three checks)."""
+    from .tiers import select
+
+    pairs = [(check_for(c), c) for c in serving_cases(serving_tier, op) if check_for(c) in checks]
+    # The invariance checks judge forward calls: a backward or continuation case contributes its forward call.
+    training = list(dict.fromkeys(c.replace(backward=False, splits=()) for c in (select(tier, op=op) if tier else [])))
+    order = [name for name in ("causality", "graph_replay", "batch_invariance") if name in checks]
+    pairs += [(name, c) for c in training for name in order]
+    return pairs
+
+
+def run(backends, pairs, device: str, budget_s: float | None = None, stream=sys.stdout, lines=None) -> list[dict]:
+    """Every pair for every backend; ``budget_s`` per backend; ``lines``: a file each result is appended to as one
+    JSON line the moment it exists (what a run killed by a timeout leaves)."""
+    env = probe_env()
+    results = []
+    for spec in backends:
+        backend = backend_for(spec)
+        start = time.monotonic()
+        for name, case in pairs:
+            if budget_s is not None and time.monotonic() - start > budget_s:
+                results.append({"check": name, "backend": spec, "case": case.id, "status": "not_run",
+                                "reason": f"budget of {budget_s:g} s spent", "numbers": {}})
+                continue
+            fn = SERVING_CHECKS.get(name) or INVARIANCE_CHECKS[name]
+            t0 = time.monotonic()
+            result = fn(backend, case, env, device).as_dict()
+            result["backend"] = spec
+            result["seconds"] = round(time.monotonic() - t0, 3)
+            results.append(result)
+            if lines is not None:
+                lines.write(json.dumps(result, default=str) + "\n")
+                lines.flush()
+            if result["status"] in ("failed", "error"):
+                print(f"{result['status'].upper()} {spec} {name} {case.id}: {result['reason']}", file=stream,
+                      flush=True)
+    return results
+
+
+def table(results: list[dict]) -> str:
+    """``backend check run passed failed declined reported error not_run`` per pair, run = passed + failed +
+    reported + error (a decline or a case past the budget did not run)."""
+    counts = collections.defaultdict(collections.Counter)
+    for r in results:
+        counts[(r["backend"], r["check"])][r["status"]] += 1
+    cols = ("passed", "failed", "declined", "reported", "error", "not_run")
+    lines = ["backend check run " + " ".join(cols)]
+    for (backend, check), c in sorted(counts.items()):
+        ran = c["passed"] + c["failed"] + c["reported"] + c["error"]
+        lines.append(f"{backend} {check} {ran} " + " ".join(str(c[k]) for k in cols))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deltacheck.harness.serving_run", description=__doc__.split("\n")[0])
+    parser.add_argument("--backend", action="append", required=True)
+    parser.add_argument("--tier", default="L0", help="training tier for the invariance checks ('' for none)")
+    parser.add_argument("--serving-tier", default="L0")
+    parser.add_argument("--checks", default=",".join(ALL_CHECKS))
+    parser.add_argument("--op", default=None)
+    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    parser.add_argument("--budget-s", type=float, default=None)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    name = torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu"
+    print(f"device {device} ({name}), torch {torch.__version__}", flush=True)
+    checks = [c for c in args.checks.split(",") if c]
+    unknown = sorted(set(checks) - set(ALL_CHECKS))
+    if unknown:
+        parser.error(f"--checks: unknown {unknown}; known: {', '.join(ALL_CHECKS)}")
+    lines = open(args.out + "l", "w") if args.out else None  # results.json -> results.jsonl, line by line
+    results = run(args.backend, plan(args.tier, args.serving_tier, checks, args.op), device, args.budget_s,
+                  lines=lines)
+    print(table(results))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+    return 1 if any(r["status"] in ("failed", "error") for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
