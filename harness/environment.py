@@ -49,6 +49,9 @@ VERSION_KEYS = (
     "fla",
     "triton",
     "transformer_engine",
+    "jax",
+    "jax_linear_attention",
+    "flashinfer",
 )
 DIST_KEYS = {
     "cudnn_frontend": ("nvidia-cudnn-frontend",),
@@ -60,6 +63,9 @@ DIST_KEYS = {
     "fla": ("fla-core", "flash-linear-attention"),
     "triton": ("triton",),
     "transformer_engine": ("transformer-engine", "transformer_engine", "transformer-engine-torch"),
+    "jax": ("jax",),
+    "jax_linear_attention": ("jax-linear-attention",),
+    "flashinfer": ("flashinfer-python",),
 }
 # Modules whose presence matters, checked with find_spec (resolved, not executed: cheap, no side effects).
 IMPORTABLE_KEYS = ("cudnn", "cutlass", "cuda.tile", "cuda.bindings", "fla", "triton", "transformer_engine")
