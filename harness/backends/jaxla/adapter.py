@@ -65,6 +65,17 @@ def from_btd(o: torch.Tensor, case) -> torch.Tensor:
     return o
 
 
+def library_gate(case, g: torch.Tensor) -> torch.Tensor:
+    """The decay as jla reads it: the log-space g, which is ours (linear-domain cases are declined)."""
+    return g
+
+
+def library_state(h0: torch.Tensor | None) -> torch.Tensor | None:
+    """Our value-major ``[N, HO, V, K]`` initial state -> jla's key-major ``[N, HO, K, V]`` (dtype kept: the
+    kernels cast it to float32 themselves)."""
+    return None if h0 is None else h0.transpose(-1, -2)
+
+
 class JaxBackend:
     """jax-linear-attention's Mosaic GPU kernels as a deltacheck backend.
 
@@ -194,8 +205,8 @@ class JaxBackend:
         jax = self._jax_module()
         names = ("q", "k", "v", "g", "beta") + (("w",) if case.op == "gdn2" else ())
         tensors = {n: to_btd(inputs[n], case) for n in names}
-        h0 = inputs.get("initial_state")
-        h0 = None if h0 is None else h0.transpose(-1, -2)
+        tensors["g"] = library_gate(case, tensors["g"])
+        h0 = library_state(inputs.get("initial_state"))
         gates = [tensors[n] for n in names[3:]]
         got = bridge.call(jax, self._function(case), tensors["q"], tensors["k"], tensors["v"], h0, *gates)
         out, state = got
