@@ -9,7 +9,7 @@ What it pins (flashinfer-python 0.7.2.post1; docs/libraries.md has the file:line
   ``can_implement``'s head rule (GQA: HK == HV, H a multiple; GVA: HK == H, HV a multiple); ``g`` is **alpha**,
   the linear-domain decay, float32 ``[T, HO]`` and ``beta`` float32 ``[T, HO]``; the state value-major
   ``[N, HO, V, K]`` in and out, float32 out; returns ``(output, final_state)`` only with
-  ``output_final_state=True``. The linear gate enters as ``log(alpha)`` (the reference's linear domain): a
+  ``output_final_state=True``. alpha enters as ``log2(alpha + 1e-10)`` (``delta_rule_dsl/alpha.py``), so a
   log-space g passed as alpha is negative and gives NaN, as FlashInfer's issue 2490 reports for the real kernel.
 - decode: ``(q, k, v, state, A_log, a, dt_bias, b, scale=None, output=None, use_qk_l2norm=True,
   initial_state=None, initial_state_indices=None, ...)``; q, k ``[B, 1, H, K]``, v ``[B, 1, HV, V]`` fp16/bf16;
@@ -73,8 +73,9 @@ def make():
         T = q.shape[0]
         alpha = torch.ones(T, HO) if g is None else g
         beta = torch.ones(T, HO) if beta is None else beta
-        out, state = reference.gdn(q, k, v, alpha, beta, cu_seqlens.long(), scale=scale or None,
-                                   initial_state=initial_state, output_final_state=True, gate_domain="linear",
+        log_alpha = torch.log(alpha.double() + 1e-10)  # alpha.py: log2(alpha + 1e-10); NaN for a negative alpha
+        out, state = reference.gdn(q, k, v, log_alpha, beta, cu_seqlens.long(), scale=scale or None,
+                                   initial_state=initial_state, output_final_state=True,
                                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, state_layout="vk",
                                    allow_nonfinite=True)
         return (out, state) if output_final_state else out

@@ -93,13 +93,16 @@ def make_jax(environ=None):
         jax.calls.append("vjp")
         leaves = [None if p is None else Array(p.tensor.detach().clone().requires_grad_(p.tensor.is_floating_point()))
                   for p in primals]
-        outputs = fn(*leaves)
+        with torch.enable_grad():  # the bridge calls vjp inside an autograd.Function's forward (grad off there)
+            outputs = fn(*leaves)
         tensors = [o.tensor for o in outputs]
 
         def pullback(cotangents):
             wrt = [(i, p.tensor) for i, p in enumerate(leaves) if p is not None and p.tensor.requires_grad]
-            grads = torch.autograd.grad(tensors, [t for _, t in wrt], [c.tensor.to(t.dtype) for c, t in
-                                                                         zip(cotangents, tensors)], allow_unused=True)
+            with torch.enable_grad():
+                grads = torch.autograd.grad(tensors, [t for _, t in wrt], [c.tensor.to(t.dtype) for c, t in
+                                                                             zip(cotangents, tensors)],
+                                            allow_unused=True)
             out = [None] * len(leaves)
             for (i, _), grad in zip(wrt, grads):
                 out[i] = Array(torch.zeros_like(leaves[i].tensor) if grad is None else grad)

@@ -70,6 +70,12 @@ def packed_offsets(case, device) -> torch.Tensor:
     return torch.tensor(offsets, dtype=torch.int32, device=device)
 
 
+def library_alpha(case, g: torch.Tensor) -> torch.Tensor:
+    """The decay as FlashInfer's prefill reads it: alpha, linear-domain float32 (``gdn_prefill.py``: "Forget gate
+    (alpha) ... Must be float32"). A log-space g is exponentiated; a linear-domain case's g already is alpha."""
+    return torch.exp(g.float()) if case.gate_domain == "log" else g.float()
+
+
 class FlashInferBackend:
     """FlashInfer's SM90 GDN prefill (``decode=False``) or decode (``decode=True``) as a deltacheck backend.
 
@@ -178,7 +184,7 @@ class FlashInferBackend:
 
     def _run_prefill(self, case, inputs: dict):
         q, k, v, g, beta = (to_packed(inputs[n], case) for n in ("q", "k", "v", "g", "beta"))
-        alpha = torch.exp(g.float()) if case.gate_domain == "log" else g.float()
+        alpha = library_alpha(case, g)
         cu = inputs["cu_seqlens"] if case.layout == "thd" else None
         cu = packed_offsets(case, q.device) if cu is None else cu.to(device=q.device, dtype=torch.int32)
         h0 = inputs.get("initial_state")

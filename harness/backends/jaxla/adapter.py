@@ -159,8 +159,6 @@ class JaxBackend:
             return (f"jla takes no cu_seqlens and these sequences differ in length {list(case.seqlens)}: "
                     "segment_ids would restart the state but give no per-sequence initial or final state "
                     "(scalar_gate.py unsupported_reason); only equal lengths map onto a batch")
-        if min(case.seqlens) == 0:
-            return "jla refuses an empty sequence (scalar_gate.py / vector_gate_ops.py: 'empty sequence')"
         if (case.K, case.V) not in HEAD_DIMS[case.op]:
             return f"jla {kind} serves head dims (K, V) in {sorted(HEAD_DIMS[case.op])}; the case has ({case.K}, {case.V})"
         if case.io_dtype not in IO_DTYPES[case.op]:
