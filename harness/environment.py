@@ -68,7 +68,8 @@ DIST_KEYS = {
     "flashinfer": ("flashinfer-python",),
 }
 # Modules whose presence matters, checked with find_spec (resolved, not executed: cheap, no side effects).
-IMPORTABLE_KEYS = ("cudnn", "cutlass", "cuda.tile", "cuda.bindings", "fla", "triton", "transformer_engine")
+IMPORTABLE_KEYS = ("cudnn", "cutlass", "cuda.tile", "cuda.bindings", "fla", "triton", "transformer_engine", "jax", "jla",
+                   "flashinfer")
 
 
 @dataclass(frozen=True)

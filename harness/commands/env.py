@@ -24,6 +24,9 @@ _PACKAGE_ROWS = (
     ("fla-core", "fla", "fla"),
     ("triton", "triton", "triton"),
     ("transformer-engine", "transformer_engine", "transformer_engine"),
+    ("jax", "jax", "jax"),
+    ("jax-linear-attention", "jax_linear_attention", "jla"),
+    ("flashinfer-python", "flashinfer", "flashinfer"),
 )
 
 
