@@ -93,3 +93,18 @@ def test_a_fold_refuses_another_machine(two_envs, capsys):
     (moved / "results.jsonl").write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
     assert cli_main(["merge", "--fold", str(a), str(moved), "--out", str(tmp / "machines")]) != 0
     assert "ran on another machine" in capsys.readouterr().err
+
+
+def test_the_lane_runs_each_family_in_its_own_venv_then_folds():
+    from deltacheck.harness.families import FAMILIES, lane_commands
+
+    commands = lane_commands([f.name for f in FAMILIES], {"jax", "cudnn", "flashinfer", "fla"}, wheels="/w")
+    runs = [c for c in commands if c[2:4] == ["deltacheck", "run"]]
+    backends = [[c[i + 1] for i, x in enumerate(c) if x == "--backend"] for c in runs]
+    assert backends == [["cudnn", "flashinfer"], ["jax"], ["fla"]]  # qla: nothing registered here, skipped
+    assert all(c[0] == f".nox/lane-{f}/bin/python" for c, f in zip(runs, ("nvidia", "jax", "fla")))
+    installs = [c for c in commands if c[2:4] == ["pip", "install"] and "-e" not in c]
+    assert all(c[4:7] == ["--no-index", "--find-links", "/w"] for c in installs)
+    assert commands[-1][2:5] == ["deltacheck", "merge", "--fold"] and len(commands[-1]) == 5 + 3 + 3
+    flat = [b for group in backends for b in group]
+    assert len(flat) == len(set(flat))  # disjoint: what a fold requires
