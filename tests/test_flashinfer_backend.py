@@ -174,3 +174,16 @@ def test_gdp_and_other_ops_are_declined_with_where_to_go():
 def test_floors(env, words):
     verdict = adapter.FlashInferBackend().pair_verdict("gdn", env)
     assert not verdict.runnable and words in verdict.reason
+
+
+def test_the_served_prefill_path_is_flashinfers_own_routing(open_gate):
+    """Small batches go to the context-parallel kernel under use_cp='auto' (num_seqs * heads below half the SMs);
+    the result records which path served, as FlashInfer's helper decides it."""
+    backend = fi_backend()
+    case = PREFILL[0]  # 4 sequences x 4 heads = 16 < 66
+    backend.run(case, make_inputs(case))
+    assert backend.served() == {"path": "cp"}
+    wide = case.replace(seqlens=(1,) * 17)  # 17 x 4 = 68
+    backend.run(wide, make_inputs(wide))
+    assert backend.served() == {"path": "chunked"}
+    assert fi_backend(decode=True).served() == {}

@@ -113,6 +113,13 @@ def make():
         pool[idx] = final.to(pool.dtype)
         return out.unsqueeze(1), pool
 
+    # The routing helpers the adapter asks which prefill kernel serves (varlen_helper.py, utils.py): an H200's 132
+    # SMs, and FlashInfer's HBM rule (CP_HBM_PARALLELISM_THRESHOLD 1/2): context-parallel while num_seqs * heads
+    # < num_sms / 2.
+    mod.get_compute_capability = lambda device: (9, 0)
+    mod.get_device_sm_count = lambda device: 132
+    mod.get_device_name = lambda device: "NVIDIA H200"
+    mod.should_use_cp_host = lambda work, sms, name, device_capability=None: work * 2 < sms
     mod.chunk_gated_delta_rule = chunk_gated_delta_rule
     mod.gated_delta_rule_decode_pretranspose = gated_delta_rule_decode_pretranspose
     return mod

@@ -92,6 +92,7 @@ class FlashInferBackend:
         self.decode = decode
         self.name = "flashinfer-decode" if decode else "flashinfer"
         self._entry = ENTRY_POINTS[self.name]
+        self._served: dict = {}
 
     def _import(self, name: str):
         if self._module is not None:
@@ -178,6 +179,23 @@ class FlashInferBackend:
             notes.append("g passed as alpha = exp(g) (float32): FlashInfer takes the linear-domain decay")
         return notes
 
+    # ------------------------------------------------------------------ what served
+    def served(self) -> dict:
+        """The prefill path of the last call (``{"path": "cp" | "chunked"}``), or {} for the decode."""
+        return dict(self._served)
+
+    def _prefill_path(self, num_seqs: int, heads: int, device) -> str:
+        """Which SM90 prefill kernel FlashInfer routes this call to under ``use_cp="auto"``, asked of FlashInfer's own
+        routing helper (``gdn_prefill.py:953-960``: context-parallel when ``num_seqs * heads`` is below its
+        threshold for the SM count), not guessed."""
+        helper = self._import("flashinfer.gdn_kernels.delta_rule_dsl.varlen_helper")
+        utils = self._import("flashinfer.utils")
+        capability = utils.get_compute_capability(device)
+        cp = capability[0] in (9, 10, 12) and helper.should_use_cp_host(
+            num_seqs * heads, utils.get_device_sm_count(device), utils.get_device_name(device),
+            device_capability=capability)
+        return "cp" if cp else "chunked"
+
     # ------------------------------------------------------------------ the call
     def run(self, case, inputs: dict):
         return self._run_decode(case, inputs) if self.decode else self._run_prefill(case, inputs)
@@ -189,6 +207,7 @@ class FlashInferBackend:
         cu = packed_offsets(case, q.device) if cu is None else cu.to(device=q.device, dtype=torch.int32)
         h0 = inputs.get("initial_state")
         h0 = None if h0 is None else h0.contiguous()
+        self._served = {"path": self._prefill_path(cu.numel() - 1, case.HO, q.device)}
         got = self._function()(q, k, v, g=alpha.contiguous(), beta=beta.float().contiguous(), scale=case.scale,
                                initial_state=h0, output_final_state=True, cu_seqlens=cu,
                                use_qk_l2norm_in_kernel=case.l2norm)
