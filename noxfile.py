@@ -171,3 +171,41 @@ def release(session):
     if failed:
         session.error("release qualification failed: " + "; ".join(failed))
 
+
+
+@nox.session(venv_backend="none")
+def lanes(session):
+    """One tier across backends that cannot share a Python environment: `nox -s lanes -- [--family jax ...]
+    [--tier L0] [-- run options]`. Per family (harness/families.py) a venv `.nox/lane-<family>` with
+    `--system-site-packages`, the family's pins, `deltacheck run` into `runs/lanes/<family>/`; then
+    `deltacheck merge --fold` of the family runs into `runs/lanes/folded` with its reports. DELTACHECK_WHEELS
+    installs offline (`--no-index --find-links`). docs/ci.md lists the commands."""
+    import argparse
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from deltacheck.harness.backends.base import registered
+    from deltacheck.harness.families import FAMILIES, lane_commands
+
+    parser = argparse.ArgumentParser(prog="nox -s lanes --")
+    parser.add_argument("--family", action="append", choices=[f.name for f in FAMILIES])
+    parser.add_argument("--tier", default="L0")
+    parser.add_argument("--out", default="runs/lanes")
+    args, extra = parser.parse_known_args(session.posargs)
+    names = args.family or [f.name for f in FAMILIES]
+    commands = lane_commands(names, set(registered()), tier=args.tier, out=args.out,
+                             wheels=os.environ.get("DELTACHECK_WHEELS"), extra=tuple(x for x in extra if x != "--"))
+    failed = []
+    for argv in commands:
+        if argv[2:4] == ["deltacheck", "merge"]:  # the family runs' directories, newest in each family's folder
+            argv = [str(max((p for p in Path(a[:-len("/LATEST")]).iterdir() if (p / "results.jsonl").exists()),
+                            key=lambda p: p.stat().st_mtime)) if a.endswith("/LATEST") else a for a in argv]
+        session.log(" ".join(argv))
+        status = subprocess.run(argv, check=False).returncode
+        if status and argv[2:4] == ["deltacheck", "run"]:
+            failed.append(f"{argv[-1]} family run exited {status}")  # the fold still reports what ran
+        elif status:
+            session.error(f"{' '.join(argv[:4])} failed with exit {status}")
+    if failed:
+        session.error("; ".join(failed))

@@ -53,6 +53,9 @@ VERSION_KEYS = (
     "transformer_engine",
     "vllm",
     "flashkda",
+    "jax",
+    "jax_linear_attention",
+    "flashinfer",
 )
 DIST_KEYS = {
     "cudnn_frontend": ("nvidia-cudnn-frontend",),
@@ -66,10 +69,13 @@ DIST_KEYS = {
     "transformer_engine": ("transformer-engine", "transformer_engine", "transformer-engine-torch"),
     "vllm": ("vllm",),
     "flashkda": ("tokenspeed-flashkda",),
+    "jax": ("jax",),
+    "jax_linear_attention": ("jax-linear-attention",),
+    "flashinfer": ("flashinfer-python",),
 }
 # Modules whose presence matters, checked with find_spec (resolved, not executed: cheap, no side effects).
 IMPORTABLE_KEYS = ("cudnn", "cutlass", "cuda.tile", "cuda.bindings", "fla", "triton", "transformer_engine", "vllm",
-                   "flash_kda")
+                   "flash_kda", "jax", "jla", "flashinfer")
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ def _compare(args: argparse.Namespace) -> int:
 def _merge(args: argparse.Namespace) -> int:
     from .merge import merge_runs
 
-    merged = merge_runs(args.runs, args.out, allow_mixed_env=args.allow_mixed_env)
+    merged = merge_runs(args.runs, args.out, allow_mixed_env=args.allow_mixed_env, fold=args.fold)
     print(merged)
     if args.report:
         return _report(argparse.Namespace(run_dir=str(merged.directory)))
@@ -148,5 +148,9 @@ def add_cli(subparsers) -> None:
     m.add_argument("--out", required=True, metavar="DIR", help="the merged run directory to create (new or empty)")
     m.add_argument("--allow-mixed-env", action="store_true",
                    help="merge runs whose environment fingerprints differ (each input's environment is kept)")
+    m.add_argument("--fold", action="store_true",
+                   help="fold runs of one machine made in separate Python environments, one per backend family "
+                        "(same GPU, driver and torch; disjoint backends; docs/ci.md 'Backends that cannot share "
+                        "an environment')")
     m.add_argument("--report", action="store_true", help="render the reports into the merged directory")
     m.set_defaults(func=_guarded("merge", _merge))

@@ -16,6 +16,8 @@ was interrupted and finished by a second run of what it had not reached. The mer
 Runs from different environments (fingerprints differ: another GPU, driver or library version) are
 refused: one report over two machines would blur exactly what ``deltacheck compare`` exists to separate.
 ``--allow-mixed-env`` merges them anyway and records every input's environment in ``merged_from``.
+``--fold`` merges runs of one machine made in several Python environments, one per backend family
+(reports/fold.py): the machine must agree, the backends be disjoint; ``env_by_backend`` says which came whence.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 from deltacheck.harness.results import ResultStream, fingerprint
 from deltacheck.harness.tally import RunTally
 
+from .fold import env_by_backend, fold_problems
 from .load import FRONTIER_KEY, RunInputError, latest_per_check, load_run
 from .summary import recorded_required_failures
 
@@ -46,7 +49,8 @@ class Merged:
                 + ("" if self.finished else " (at least one input did not finish, so neither does the merge)"))
 
 
-def merge_runs(inputs: list[str | Path], out: str | Path, *, allow_mixed_env: bool = False) -> Merged:
+def merge_runs(inputs: list[str | Path], out: str | Path, *, allow_mixed_env: bool = False,
+               fold: bool = False) -> Merged:
     """Write the merge of ``inputs`` (in order; later wins) into the new directory ``out``."""
     if len(inputs) < 2:
         raise RunInputError("merge needs at least two run directories")
@@ -55,7 +59,9 @@ def merge_runs(inputs: list[str | Path], out: str | Path, *, allow_mixed_env: bo
         if not run.header:
             raise RunInputError(f"{run.results_file} has no run header: cannot tell which environment it ran in")
     prints = [fingerprint(run.env) for run in runs]
-    if len(set(prints)) > 1 and not allow_mixed_env:
+    if fold and fold_problems(runs):
+        raise RunInputError("cannot fold these runs: " + "; ".join(fold_problems(runs)))
+    if len(set(prints)) > 1 and not (allow_mixed_env or fold):
         listing = ", ".join(f"{run.label} {fp}" for run, fp in zip(runs, prints))
         raise RunInputError(f"the runs come from different environments ({listing}); compare them with "
                             "`deltacheck compare`, or pass --allow-mixed-env to merge anyway")
@@ -99,6 +105,7 @@ def merge_runs(inputs: list[str | Path], out: str | Path, *, allow_mixed_env: bo
                          "fingerprint": fp, "finished": run.finished,
                          **({"env": run.env} if len(set(prints)) > 1 else {})}
                         for run, fp in zip(runs, prints)],
+        **({"env_by_backend": env_by_backend(runs)} if fold else {}),
     })
     path = out / "results.jsonl"
     with ResultStream(path) as stream:

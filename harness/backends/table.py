@@ -62,6 +62,11 @@ BUILTINS: tuple[BuiltinBackend, ...] = (
     BuiltinBackend("flashkda", ("flashkda", "flashkda-tokenspeed"), distribution="tokenspeed-flashkda",
                    version_key="flashkda", floors="deltacheck.harness.backends.flashkda.facts:pair_verdict",
                    envelopes=True, tier_targets=(90,)),
+    BuiltinBackend("jaxla", ("jax",), distribution="jax-linear-attention", version_key="jax_linear_attention",
+                   floors="deltacheck.harness.backends.jaxla.facts:pair_verdict", envelopes=True),
+    BuiltinBackend("flashinfer", ("flashinfer", "flashinfer-decode"), distribution="flashinfer-python",
+                   version_key="flashinfer", floors="deltacheck.harness.backends.flashinfer.facts:pair_verdict",
+                   envelopes=True),
 )
 
 

@@ -26,6 +26,9 @@ _PACKAGE_ROWS = (
     ("transformer-engine", "transformer_engine", "transformer_engine"),
     ("vllm", "vllm", "vllm"),
     ("tokenspeed-flashkda", "flashkda", "flash_kda"),
+    ("jax", "jax", "jax"),
+    ("jax-linear-attention", "jax_linear_attention", "jla"),
+    ("flashinfer-python", "flashinfer", "flashinfer"),
 )
 
 
