@@ -220,3 +220,26 @@ def test_importing_the_adapters_imports_no_library():
             "print(sorted(m for m in ('jax', 'jla', 'flashinfer') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_an_unaligned_view_reaches_jax_as_an_aligned_copy():
+    """XLA takes only 256-byte-aligned DLPack buffers; the NaN-margin views the harness hands adapters start
+    mid-allocation (the H200 run of 2026-12-02 errored on 25 checks before this)."""
+    from deltacheck.harness.backends.jaxla import bridge
+
+    seen = []
+
+    class FakeDlpack:
+        @staticmethod
+        def from_dlpack(x):
+            seen.append(x.data_ptr() % bridge.XLA_ALIGNMENT)
+            return x
+
+    class FakeJax:
+        dlpack = FakeDlpack
+
+    base = torch.zeros(1024, dtype=torch.float32)
+    view = base[3:67]
+    assert view.data_ptr() % bridge.XLA_ALIGNMENT
+    out = bridge.to_jax(FakeJax, view)
+    assert seen == [0] and torch.equal(out, view)
