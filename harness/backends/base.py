@@ -184,7 +184,7 @@ def _import_builtin() -> None:
     # The built-in adapters register themselves on import; none imports a fused library at module level.
     from . import reference  # noqa: F401
 
-    for optional in ("cudnn", "fla", "te"):
+    for optional in ("cudnn", "fla", "te", "flashqla"):
         try:
             importlib.import_module(f"{__package__}.{optional}")
         except ModuleNotFoundError as exc:

@@ -24,6 +24,10 @@ _PACKAGE_ROWS = (
     ("fla-core", "fla", "fla"),
     ("triton", "triton", "triton"),
     ("transformer-engine", "transformer_engine", "transformer_engine"),
+    ("flash-qla", "flash_qla", "flash_qla"),
+    ("tilelang", "tilelang", "tilelang"),
+    ("  apache-tvm-ffi", "tvm_ffi", None),
+    ("  z3-solver", "z3", None),
 )
 
 
