@@ -208,7 +208,8 @@ def tier_axes(tier: str, op: str | None = None) -> dict[str, tuple[str, ...]]:
 
 
 # Budgets the tests hold the tiers to (with every fused backend's envelope cases).
-TIER_BUDGETS = {"L0": (150, 320), "L1": (1000, 2500), "L2": (20, 200)}
+# L0 340: FlashQLA's envelope (K = V = 128, log gate, plain beta) shares few rows with the others: +26 cases.
+TIER_BUDGETS = {"L0": (150, 340), "L1": (1000, 2500), "L2": (20, 200)}
 L0_MAX_TOKENS = 600
 L0_MAX_HEADS = 4
 

@@ -26,7 +26,7 @@ from deltacheck.cases.support import OPS
 from .availability import backend_envelope
 from .cachedir import cache_root
 
-TIER_TARGETS: tuple[tuple[str, int | None], ...] = (("cudnn", 90), ("cudnn", 100), ("fla", None))
+TIER_TARGETS: tuple[tuple[str, int | None], ...] = (("cudnn", 90), ("cudnn", 100), ("fla", None), ("flashqla", 90))
 
 
 def target_envelopes() -> list[EnvelopeUnion]:

@@ -142,7 +142,7 @@ class FlaDispatchBackend(FlaBackend):
         if not any(k == "intracard_cp" for _, k in self._served_pieces()):
             return {}
         try:
-            cp = self._importer("fla.ops.common.intracard_cp")
+            cp = self._import("fla.ops.common.intracard_cp")  # a double: its own namespace
             cu = inputs["cu_seqlens"].to("cpu", torch.int64)
             longest = int(torch.diff(cu).max())
             subseq = cp.compute_subseq_len(seq_len=longest, num_sms=cp.get_multiprocessor_count(),

@@ -69,7 +69,7 @@ def pair_verdict(backend: str, op: str, env: Env) -> Verdict:
         return Verdict.no(f"{pair}: FlashQLA 0.1.3 implements GDN only (flash_qla.chunk_gated_delta_rule)")
     if not env.cuda:
         unmet.append(no_cuda_reason(env))
-    elif env.sm() not in SMS:
+    elif env.sm not in SMS:
         unmet.append(f"FlashQLA's forward+backward kernels are built for SM{'/'.join(map(str, SMS))} "
                      f"(flash_qla/ops/gated_delta_rule/chunk/__init__.py:14-30); this is {env.device()}")
     package_floor(env.version("flash_qla"), DIST, FLOOR, "the adapter targets 0.1.3's API", INSTALL, unmet, notes)
@@ -88,7 +88,7 @@ def envelopes(op: str, env: Env | None = None, sm: int | None = None) -> list[En
     if env is not None:
         if not env.cuda:
             return []
-        sm = env.sm()
+        sm = env.sm
     if sm is not None and sm not in SMS:
         return []
     return [ENVELOPE]
