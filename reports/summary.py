@@ -12,6 +12,7 @@ from deltacheck.harness.exitrule import run_verdict
 from deltacheck.harness.results import fingerprint
 
 from .frontier import frontier_summaries
+from .served import served_paths
 from .load import Run, finite, number
 
 SUMMARY_SCHEMA = "deltacheck-summary/1"
@@ -316,6 +317,7 @@ def summarize(run: Run) -> dict[str, Any]:
                    "repro": repro_command(r)} for r in results if r["status"] == "known"],
         "known_gone": known_gone,
         "envelope_disagreements": disagreements,
+        "served_paths": served_paths(results),
         "time": time_table(run.tasks),
         "detection": detection_power(results),
         "frontiers": frontier_summaries(run.frontiers),

@@ -143,3 +143,20 @@ def test_registered_names():
     assert get_backend("fla-dispatch").name == "fla-dispatch"
     assert get_backend("fla-dispatch-cp").name == "fla-dispatch-cp"
     assert get_backend("fla-dispatch").dispatch_off is False and get_backend("fla").dispatch_off is True
+
+
+def test_reports_count_cases_per_served_path():
+    from deltacheck.reports.markdown import table
+    from deltacheck.reports.served import served_paths, served_section
+
+    b, _ = backend(hopper_guard_fires=True)
+    records = [r.to_record() for case in (K128.replace(backward=True), K64.replace(backward=True), K64)
+               for r in judged(b, case)]
+    rows = {(r["direction"], r["engine"]): (r["cases"], r["pass"]) for r in served_paths(records)}
+    assert rows == {("forward", "flash_qla"): (1, 1), ("backward", "flash_qla"): (1, 1),
+                    ("forward", "triton"): (2, 2), ("backward", "triton + tilelang:chunk_bwd_dqkwg"): (1, 1)}
+    broken = [dict(r, status="fail") if r["check"] == "grad_q" and "K64" in r["case"] else r for r in records]
+    failing = {(r["direction"], r["engine"]): r["fail"] for r in served_paths(broken)}
+    assert failing[("backward", "triton + tilelang:chunk_bwd_dqkwg")] == 1 and failing[("forward", "triton")] == 0
+    text = "\n".join(served_section(served_paths(records), table, lambda s: f"`{s}`"))
+    assert "## Results per served path" in text and "`triton + tilelang:chunk_bwd_dqkwg`" in text
