@@ -687,8 +687,8 @@ def test_cli_env_json(clean_required, capsys):
         {f"cudnn:{o}" for o in ("gdn", "kda", "gdn2", "gdp")}
         | {"cudnn@gdn_frost:gdn", "cudnn@gdn_cutile:gdn", "cudnn@kda_frost:kda", "cudnn@kda_cutile:kda",
            "cudnn@kda_hopper:kda", "cudnn@kda_hopper_cuda:kda", "cudnn@gdn2_frost:gdn2", "cudnn@gdp_frost:gdp"}
-        | {f"{b}:{o}" for b in ("fla", "fla-recurrent") for o in ("gdn", "kda", "gdn2")}
-        | {f"{b}:{o}" for b in ("te", "te-checkpoint") for o in ("gdn", "gdn2", "gdp")})
+        | {f"{b}:{o}" for b in ("fla", "fla-recurrent", "fla-dispatch", "fla-dispatch-cp") for o in ("gdn", "kda", "gdn2")}
+        | {f"{b}:{o}" for b in ("te", "te-checkpoint") for o in ("gdn", "gdn2", "gdp")} | {"flashqla:gdn"})
     for d in report["pairs"].values():
         assert d["runnable"] or d["reason"]
     assert report["required"] == {} and report["required_failures"] == []

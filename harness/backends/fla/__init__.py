@@ -1,7 +1,8 @@
 """The flash-linear-attention backends (``fla``: chunked kernels with autograd; ``fla-recurrent``: the
 forward-only recurrent kernels; ``fla-dispatch``: FLA with its backend dispatch on, the served implementation
-recorded per result; ``fla-dispatch-cp``: that under inference mode with intra-card CP): ``adapter.py`` marshals and calls them, ``facts.py`` holds our floors and the
-entry points. Importing this package never imports FLA."""
+recorded per result; ``fla-dispatch-cp``: that under inference mode with intra-card CP): ``adapter.py`` and
+``dispatch.py`` marshal and call them, ``facts.py`` holds our floors and the entry points. Importing this package
+never imports FLA."""
 
 from ..base import register
 from .adapter import DISPATCH_ENV, FlaBackend
