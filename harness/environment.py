@@ -56,6 +56,10 @@ VERSION_KEYS = (
     "jax",
     "jax_linear_attention",
     "flashinfer",
+    "flash_qla",
+    "tilelang",
+    "tvm_ffi",
+    "z3",
 )
 DIST_KEYS = {
     "cudnn_frontend": ("nvidia-cudnn-frontend",),
@@ -72,10 +76,14 @@ DIST_KEYS = {
     "jax": ("jax",),
     "jax_linear_attention": ("jax-linear-attention",),
     "flashinfer": ("flashinfer-python",),
+    "flash_qla": ("flash-qla",),
+    "tilelang": ("tilelang",),  # FlashQLA's and FLA's TileLang pieces compile with it (JIT, nvcc)
+    "tvm_ffi": ("apache-tvm-ffi",),  # tilelang 0.1.15 needs < 0.1.13; cuDNN FE 1.32 brings 0.1.15
+    "z3": ("z3-solver",),  # tilelang 0.1.15 needs < 4.15.5
 }
 # Modules whose presence matters, checked with find_spec (resolved, not executed: cheap, no side effects).
 IMPORTABLE_KEYS = ("cudnn", "cutlass", "cuda.tile", "cuda.bindings", "fla", "triton", "transformer_engine", "vllm",
-                   "flash_kda", "jax", "jla", "flashinfer")
+                   "flash_kda", "jax", "jla", "flashinfer", "flash_qla", "tilelang")
 
 
 @dataclass(frozen=True)

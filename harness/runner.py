@@ -308,6 +308,8 @@ class CaseRunner:
         with self._phase("backward"):
             grads = (input_grads(weighted_loss(case, out, state, opts.device), {n: inputs[n] for n in names})
                      if names else {})
+        after = getattr(backend, "served_backward", None)  # e.g. fla-dispatch: FLA's dispatched backward pieces
+        served_backward = after() if callable(after) and grads else {}
         if case.backward:
             for n in grad_inputs(case):
                 check = f"grad_{n}"
@@ -321,8 +323,10 @@ class CaseRunner:
                     continue
                 q = GRAD_NAMES[n]
                 reduction = self._reduction(case, n, inputs, got, grads, exp)
-                results.add(self._judge(case, q, check, got, want, exp.baseline_err.get(q), base, 0.0,
-                                           reduction=reduction))
+                judged = self._judge(case, q, check, got, want, exp.baseline_err.get(q), base, 0.0,
+                                     reduction=reduction)
+                judged.metrics.update(served_backward)
+                results.add(judged)
         return inputs, out, state
 
     def _continuation_checks(self, case, backend, inputs, out, state, base, exp, results):

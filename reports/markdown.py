@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .frontier import markdown_section
+from .served import served_section
 from .summary import (
     backend_label,
     counts_line,
@@ -126,6 +127,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
     detection = detection_section(summary.get("detection"), table, code)
     if detection:
         out += ["## Detection power: how small a bug each lane sees", "", *detection, ""]
+    out += served_section(summary.get("served_paths") or [], table, code)
     out += time_section(summary.get("time") or {}, table, code)
     out += markdown_section(summary.get("frontiers") or [], table, code)
 

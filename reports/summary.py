@@ -11,6 +11,7 @@ from deltacheck.harness.exitrule import run_verdict
 from deltacheck.harness.results import fingerprint, repro_command
 
 from .frontier import frontier_summaries
+from .served import served_paths
 from .load import Run, finite, number
 
 SUMMARY_SCHEMA = "deltacheck-summary/1"
@@ -312,6 +313,7 @@ def summarize(run: Run) -> dict[str, Any]:
                    "repro": result_repro(r)} for r in results if r["status"] == "known"],
         "known_gone": known_gone,
         "envelope_disagreements": disagreements,
+        "served_paths": served_paths(results),
         "time": time_table(run.tasks),
         "detection": detection_power(results),
         "frontiers": frontier_summaries(run.frontiers),

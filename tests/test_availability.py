@@ -688,8 +688,8 @@ def test_cli_env_json(clean_required, capsys):
         {f"cudnn:{o}" for o in ("gdn", "kda", "gdn2", "gdp")}
         | {"cudnn@gdn_frost:gdn", "cudnn@gdn_cutile:gdn", "cudnn@kda_frost:kda", "cudnn@kda_cutile:kda",
            "cudnn@kda_hopper:kda", "cudnn@kda_hopper_cuda:kda", "cudnn@gdn2_frost:gdn2", "cudnn@gdp_frost:gdp"}
-        | {f"{b}:{o}" for b in ("fla", "fla-recurrent") for o in ("gdn", "kda", "gdn2")}
-        | {"vllm-fla:gdn", "vllm-fla-recurrent:gdn", "flashkda:kda", "flashkda-tokenspeed:kda"}
+        | {f"{b}:{o}" for b in ("fla", "fla-recurrent", "fla-dispatch", "fla-dispatch-cp") for o in ("gdn", "kda", "gdn2")}
+        | {"vllm-fla:gdn", "vllm-fla-recurrent:gdn", "flashkda:kda", "flashkda-tokenspeed:kda", "flashqla:gdn"}
         | {f"{b}:{o}" for b in ("te", "te-checkpoint") for o in ("gdn", "gdn2", "gdp")}
         | {f"jax:{o}" for o in ("gdn", "kda", "gdn2", "gdp")} | {"flashinfer:gdn", "flashinfer-decode:gdn"})
     for d in report["pairs"].values():

@@ -29,6 +29,10 @@ _PACKAGE_ROWS = (
     ("jax", "jax", "jax"),
     ("jax-linear-attention", "jax_linear_attention", "jla"),
     ("flashinfer-python", "flashinfer", "flashinfer"),
+    ("flash-qla", "flash_qla", "flash_qla"),
+    ("tilelang", "tilelang", "tilelang"),
+    ("  apache-tvm-ffi", "tvm_ffi", None),
+    ("  z3-solver", "z3", None),
 )
 
 

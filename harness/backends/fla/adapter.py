@@ -90,6 +90,7 @@ class FlaBackend(FlaServing):
     ops = frozenset(CHUNK)
 
     version_key = "fla"  # Env.versions key of the distribution (environment.VERSION_KEYS)
+    dispatch_off = True  # set FLA_DISABLE_BACKEND_DISPATCH=1 before importing FLA (fla-dispatch: False)
 
     def __init__(self, module=None, *, recurrent: bool = False, importer=None):
         self._module = module
@@ -105,7 +106,8 @@ class FlaBackend(FlaServing):
         autotune results) in deltacheck's cache directory unless the user chose otherwise, and recorded autotune
         winners applied."""
         already = "fla" in sys.modules
-        os.environ.setdefault(DISPATCH_ENV, "1")
+        if self.dispatch_off:
+            os.environ.setdefault(DISPATCH_ENV, "1")
         os.environ.setdefault("TRITON_CACHE_DIR", str(winners.cache_root() / "triton"))
         # Triton caches binaries, but by default re-benchmarks every autotune config in each new process: a warm
         # cache then still pays FLA's autotuning in every worker. This keeps the results beside the binaries
@@ -114,11 +116,12 @@ class FlaBackend(FlaServing):
         os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
         fla = self._importer("fla")
         notes = list(_apply_winners()) if self._module is None else []
-        if os.environ.get(DISPATCH_ENV) != "1":
+        if self.dispatch_off and os.environ.get(DISPATCH_ENV) != "1":
             notes.append(f"{DISPATCH_ENV}={os.environ.get(DISPATCH_ENV)!r} in the environment (not '1'): "
                          "FLA may reroute ops to other packages' kernels")
         backends = sys.modules.get("fla.backends")
-        if already and backends is not None and getattr(backends, "_DISPATCH_DISABLED", True) is False:
+        if (self.dispatch_off and already and backends is not None
+                and getattr(backends, "_DISPATCH_DISABLED", True) is False):
             notes.append(f"fla was imported before deltacheck set {DISPATCH_ENV}=1; backend dispatch is ON "
                          "for this process, so an op may run another package's kernel")
         if already and not autotune_cache_was_set:

@@ -1,0 +1,127 @@
+"""FlashQLA 0.1.3 (Qwen's fused TileLang GDN forward and backward, ``flash_qla.chunk_gated_delta_rule``) as the
+``flashqla`` backend: the library called directly, as FLA's dispatch calls it (fla/ops/gated_delta_rule/backends/
+flash_qla.py:131-146), not through FLA.
+
+FlashQLA's conventions, and what the adapter does about each (docs/libraries.md "FlashQLA" has the lines):
+
+- Layout ``[B, T, H, D]``; with ``cu_seqlens`` B must be 1 (chunk/__init__.py:429-434). Dense cases go to bshd
+  (B = N), thd to B = 1 with int64 ``cu_seqlens`` (the LongTensor FLA hands it).
+- Heads: GVA (``v.shape[2] % k.shape[2] == 0``, :421), q and k share heads; GQA declined.
+- K = V = 128 only (hopper/fused_fwd.py:662 asserts); bf16/fp16 q, k, v of one dtype (:416-419).
+- State ``[N, HV, K, V]`` key-major (``state_v_first=False``, FLA's default) in and out; fp32 out (fused_fwd.py:
+  711-727 allocates the final state float32). Ours is value-major: transposed; a bf16 state is widened to fp32
+  (what FLA passes, it asserts fp32), noted.
+- Gate: log-space ``g`` (:343-344), cumulated inside; no in-kernel gate, no linear domain, no beta sigmoid or
+  negative eigenvalues: declined, never emulated in glue code.
+- ``auto_cp=True`` (its default and FLA's): FlashQLA decides intra-card CP itself for B == 1 inputs (:39-57).
+
+Importing this module never imports FlashQLA.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+
+import torch
+
+from deltacheck.harness.cachedir import cache_root
+from deltacheck.plugin import floors_then_library
+
+from ..base import Verdict
+from ..fla.adapter import _from_btd, _state_from_fla, _state_to_fla, _to_btd
+from ..loading import Library, load_entry_point
+from . import facts
+
+TILELANG_CACHE_ENV = "TILELANG_CACHE_DIR"  # tilelang/env.py:368, read when TileLang is imported
+
+
+class FlashQlaBackend:
+    """``module``: a namespace holding ``chunk_gated_delta_rule`` (a contract double in tests); default: the real
+    ``flash_qla``, imported lazily with TileLang's kernel cache under deltacheck's cache directory."""
+
+    name = "flashqla"
+    ops = frozenset({"gdn"})
+    version_key = "flash_qla"
+
+    def __init__(self, module=None, *, importer=None):
+        self._module = module
+        self._importer = importer or importlib.import_module
+
+    def _import(self, name: str):
+        if self._module is not None:
+            return self._module
+        os.environ.setdefault(TILELANG_CACHE_ENV, str(cache_root() / "tilelang"))
+        return self._importer(name)
+
+    def version(self) -> str | None:
+        source = self._module if self._module is not None else None
+        if source is not None:
+            return str(getattr(source, "__version__", "unknown version"))
+        try:
+            return importlib.metadata.version(facts.DIST)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    # ------------------------------------------------------------------ can it run?
+    def pair_verdict(self, op: str, env) -> Verdict:
+        return facts.pair_verdict(self.name, op, env)
+
+    def envelopes(self, op: str, env=None, sm: int | None = None):
+        return facts.envelopes(op, env, sm)
+
+    def load(self, op: str) -> Verdict:
+        if op not in self.ops:
+            return Verdict.no(f"{self.name} serves {sorted(self.ops)}, not {op!r}")
+        library = Library(facts.DIST, self.version() or "unknown version", facts.INSTALL, facts.INSTALL_HINT)
+        _, verdict = load_entry_point(f"{self.name}:{op}", op, facts.MODULE, facts.ENTRY, library, self._import)
+        return verdict
+
+    def check(self, case, env) -> Verdict:
+        return floors_then_library(self.pair_verdict(case.op, env), lambda: self._library_verdict(case))
+
+    def _unsupported(self, case) -> str | None:
+        if case.H > case.HV:
+            return (f"FlashQLA has no GQA (H={case.H} query heads > HV={case.HV} value heads); it needs HV a "
+                    "multiple of H (chunk/__init__.py:421)")
+        if case.HK != case.H:
+            return f"FlashQLA needs q and k to share heads (H={case.H}, HK={case.HK})"
+        if case.K != facts.HEAD_DIM or case.V != facts.HEAD_DIM:
+            return (f"FlashQLA's kernels assert K == V == 128 (hopper/fused_fwd.py:662), this case has "
+                    f"K={case.K}, V={case.V}")
+        if case.io_dtype not in facts.IO_DTYPES:
+            return f"FlashQLA takes bf16 or fp16 q/k/v (chunk/__init__.py:417), not {case.io_dtype}"
+        if case.gate_domain == "linear":
+            return "FlashQLA takes a log-space gate only (g 'in log space', chunk/__init__.py:343-344)"
+        if case.safe_gate:
+            return "FlashQLA has no in-kernel gate (no use_gate_in_kernel / A_log / dt_bias)"
+        if case.beta_sigmoid or case.neg_eigval:
+            return "FlashQLA takes beta post-activation: no use_beta_sigmoid_in_kernel / allow_neg_eigval"
+        if case.beta_guard:
+            return "FlashQLA has no beta_guard (cuDNN's erase-side safeguard)"
+        return None
+
+    def _library_verdict(self, case) -> Verdict:
+        loaded = self.load(case.op)
+        if not loaded.runnable:
+            return loaded
+        reason = self._unsupported(case)
+        if reason:
+            return Verdict.no(reason)
+        notes = []
+        if case.initial_state and case.state_dtype != "fp32":
+            notes.append(f"initial_state cast {case.state_dtype} -> fp32 (the dtype FLA hands FlashQLA) and "
+                         "transposed [N, HO, V, K] -> [N, HV, K, V]")
+        return Verdict.ok(*notes)
+
+    # ------------------------------------------------------------------ the call
+    def run(self, case, inputs: dict):
+        fn = getattr(self._import(facts.MODULE), facts.ENTRY)
+        layout = case.layout
+        q, k, v, g, beta = (_to_btd(inputs[n], layout) for n in ("q", "k", "v", "g", "beta"))
+        cu_seqlens = inputs["cu_seqlens"].to(torch.int64) if layout == "thd" else None
+        o, final_state = fn(q, k, v, g, beta, scale=case.scale, initial_state=_state_to_fla(inputs.get("initial_state")),
+                            output_final_state=True, use_qk_l2norm_in_kernel=case.l2norm, cu_seqlens=cu_seqlens,
+                            state_v_first=False, auto_cp=True)
+        return _from_btd(o, layout), _state_from_fla(final_state)
