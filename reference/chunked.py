@@ -72,11 +72,12 @@ BACKWARD_SEGMENT_BYTES = 32 * 2**20
 # L2 cache by the next.
 GRAPH_FORWARD_SEGMENT_BYTES = 32 * 2**20
 GRAPH_BACKWARD_SEGMENT_BYTES = 32 * 2**20
-# What ``graph_forward`` / ``graph_backward`` = None mean (replay applies on CUDA only). The backward replays: at
-# N=4 T=4096 H=16 K=V=128 in fp64 its eager segments leave an H200 idle a third of the time, launching. The
-# forward does not: its one long segment is bound by the GPU, and short ones run slower kernels (bench/chunked_sweep.py).
+# What ``graph_forward`` / ``graph_backward`` = None mean (replay applies on CUDA only). Both off: at N=4 T=4096
+# H=16 K=V=128 in fp64 on an H200 (bench/chunked_sweep.py, before the shared pool and stream) a replayed backward
+# was no faster (62.9 ms against 62.7) though its eager segments leave the GPU idle a third of the time, and a
+# replayed forward in 512-token segments took 24 ms against 7.6; the shared pool is not yet measured there.
 GRAPH_FORWARD = False
-GRAPH_BACKWARD = True
+GRAPH_BACKWARD = False
 
 
 def _next_pow2(n: int) -> int:
