@@ -72,9 +72,10 @@ def test_data_flows_one_way(folder):
 ROOMS = {
     "records": ("results", "exitrule", "cachedir"),
     "machine": ("environment", "availability", "cores", "leaks", "devices", "versions"),
-    "ci": ("known", "required", "shards", "tiers"),
-    "judge": ("checks", "compare", "expected", "margins", "reductions", "segments", "runner"),
-    "run": ("task", "tally", "session", "rundir", "pool", "worker", "execute", "frontier"),
+    "ci": ("known", "required", "shards", "tiers", "families"),
+    "judge": ("checks", "compare", "expected", "margins", "reductions", "segments", "runner", "serving_inputs",
+              "serving_checks", "invariance_checks"),
+    "run": ("task", "tally", "session", "rundir", "pool", "worker", "execute", "frontier", "serving_run"),
 }
 ROOM_OF = {name: room for room, names in ROOMS.items() for name in names}
 
