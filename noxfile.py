@@ -176,7 +176,7 @@ def release(session):
 @nox.session(venv_backend="none")
 def lanes(session):
     """One tier across backends that cannot share a Python environment: `nox -s lanes -- [--family jax ...]
-    [--tier L0] [-- run options]`. Per family (harness/families.py) a venv `.nox/lane-<family>` with
+    [--tier L0] [-- run options]`. Per family (harness/ci/families.py) a venv `.nox/lane-<family>` with
     `--system-site-packages`, the family's pins, `deltacheck run` into `runs/lanes/<family>/`; then
     `deltacheck merge --fold` of the family runs into `runs/lanes/folded` with its reports. DELTACHECK_WHEELS
     installs offline (`--no-index --find-links`). docs/ci.md lists the commands."""
@@ -186,7 +186,7 @@ def lanes(session):
     from pathlib import Path
 
     from deltacheck.harness.backends.base import registered
-    from deltacheck.harness.families import FAMILIES, lane_commands
+    from deltacheck.harness.ci.families import FAMILIES, lane_commands
 
     parser = argparse.ArgumentParser(prog="nox -s lanes --")
     parser.add_argument("--family", action="append", choices=[f.name for f in FAMILIES])

@@ -9,7 +9,6 @@ the package is internal and may move. docs/backends.md describes the protocol, e
 """
 
 from deltacheck.cases.envelope import Envelope
-from deltacheck.harness.availability import floors_then_library, gathered, merge_verdicts, no_cuda_reason, package_floor
 from deltacheck.harness.backends.base import (
     Backend,
     BackendHooks,
@@ -20,8 +19,15 @@ from deltacheck.harness.backends.base import (
     register,
     registered,
 )
-from deltacheck.harness.environment import Env, version_below, version_in
-from deltacheck.harness.required import strip_pair
+from deltacheck.harness.ci.required import strip_pair
+from deltacheck.harness.machine.availability import (
+    floors_then_library,
+    gathered,
+    merge_verdicts,
+    no_cuda_reason,
+    package_floor,
+)
+from deltacheck.harness.machine.environment import Env, version_below, version_in
 
 __all__ = [
     "Backend", "BackendHooks", "BackendLoadError", "Env", "Envelope", "LibraryContractError", "Verdict",

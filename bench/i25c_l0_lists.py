@@ -1,6 +1,6 @@
 """Write bench/i25c_<backend>_l0.txt: the L0 cases a new backend's adapter accepts — the shipped L0 tier's cases
 plus the cases L0's generator adds to cover that backend's own envelopes (cases/matrix.py tier_cases with its
-envelopes). The shipped tier does not generate for jax/flashinfer (harness/tiers.py TIER_TARGETS), so without
+envelopes). The shipped tier does not generate for jax/flashinfer (harness/ci/tiers.py TIER_TARGETS), so without
 these lists an L0 run of them would decline almost every case. Run: python bench/i25c_l0_lists.py"""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 from deltacheck.cases.matrix import select
 from deltacheck.cases.support import OPS
-from deltacheck.harness import tiers
 from deltacheck.harness.backends.base import get_backend
+from deltacheck.harness.ci import tiers
 
 HERE = Path(__file__).resolve().parent
 

@@ -12,6 +12,6 @@ mkdir -p /tmp/dc && ln -sfn "$PWD/.carry/i26" /tmp/dc/deltacheck
 export PYTHONPATH=/tmp/i26-site:/tmp/dc FLA_DISABLE_BACKEND_DISPATCH=1 TRITON_CACHE_DIR=/tmp/triton PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 ls /tmp/i26-site | grep -i -E "^(fla|flash)" >> "$OUT/gpu.txt"
-timeout 88 python3 -m deltacheck.harness.serving_run --backend fla-recurrent --backend fla --tier L0 \
+timeout 88 python3 -m deltacheck.harness.run.serving_run --backend fla-recurrent --backend fla --tier L0 \
     --serving-tier L0 --budget-s "$BUDGET_S" --out "$OUT/serving.json" > "$OUT/serving.log" 2>&1
 echo "rc=$? wall=$(( $(date +%s) - T0 ))s" >> "$OUT/serving.log"

@@ -5,7 +5,7 @@ canonical id order, come after ``bwd`` and before ``seed``:
 
     pool<n>           the states live in a pool of n rows (n > N: pool size > batch); sequence i reads row
                       ``indices[i]`` and writes its final state back in place. The rows are a repeat-free
-                      permutation drawn from the case's seed (harness/serving_inputs.py), never 0..N-1 in order.
+                      permutation drawn from the case's seed (harness/judge/serving_inputs.py), never 0..N-1 in order.
     null<k>           k of the N sequences carry the backend's null slot (vLLM: an id <= 0, SGLang: -1): zero
                       start, nothing written. Needs pool; a backend without a null slot (cuDNN, FLA 0.6) declines.
     chain<n>          a chain of n decode steps (T = 1 each) through the pool, judged against one prefill over

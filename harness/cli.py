@@ -10,7 +10,7 @@ import importlib
 import sys
 
 from deltacheck import __version__
-from deltacheck.harness import leaks
+from deltacheck.harness.machine import leaks
 
 # command -> (the module whose ``add_cli(subparsers)`` registers it, its one-line help). Each parser sets
 # ``func(args) -> int`` (the exit status). In the order `--help` shows them: what to run first, then inspection,

@@ -64,7 +64,7 @@ def _positive_int(text: str) -> int:
 def _shard(text: str):
     import argparse
 
-    from .shards import Shard, ShardError
+    from .ci.shards import Shard, ShardError
 
     try:
         return Shard.parse(text)
@@ -82,14 +82,14 @@ def pytest_configure(config):
     worker = _worker_id(config) or ""
     if worker.startswith("gw"):
         # One GPU per xdist worker (of those visible), before anything initializes CUDA in this process.
-        from .environment import visible_gpus
+        from .machine.environment import visible_gpus
 
         gpus = visible_gpus()
         if len(gpus) > 1:
             os.environ["CUDA_VISIBLE_DEVICES"] = gpus[int(worker[2:]) % len(gpus)]
-    from .known import KnownIssuesError, known_issue_paths, load_known_issues, run_backend_names
-    from .leaks import filter_at_exit
-    from .required import RequireSpecError, required_pairs
+    from .ci.known import KnownIssuesError, known_issue_paths, load_known_issues, run_backend_names
+    from .ci.required import RequireSpecError, required_pairs
+    from .machine.leaks import filter_at_exit
 
     filter_at_exit()  # cuDNN's nanobind leak report at this process's exit stays out of the terminal
     try:  # a malformed DELTACHECK_REQUIRE / NVTE_* setting or known-issues file is a usage error, reported once
@@ -109,7 +109,7 @@ def _check_usage(config) -> None:
     from deltacheck.cases.kexpr import KExprError, compile_k
 
     from .backends.base import registered
-    from .environment import device_problem
+    from .machine.environment import device_problem
 
     device = config.getoption("--dc-device")
     problem = device_problem(device, "--dc-device") if device else None
@@ -138,7 +138,7 @@ def _specs(config) -> list[str]:
 
 def _selection(config) -> list:
     """The matrix's cases before ``--dc-shard``: tier, ops, expression, limit."""
-    from .tiers import select
+    from .ci.tiers import select
 
     cases = []
     for op in config.getoption("--dc-op") or [None]:
@@ -152,8 +152,8 @@ def _selection(config) -> list:
 def dc_runner(request):
     import torch
 
-    from .known import known_issue_paths
-    from .runner import CaseRunner, RunOptions
+    from .ci.known import known_issue_paths
+    from .judge.runner import CaseRunner, RunOptions
 
     config = request.config
     device = config.getoption("--dc-device") or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -170,7 +170,7 @@ def dc_env(request):
 @pytest.fixture
 def dc_run(request, dc_runner):
     """Run one (case, backend) task; skip with the backend's reason or fail listing every failed check."""
-    from .known import no_longer_reproduces
+    from .ci.known import no_longer_reproduces
 
     session = request.config.stash[_PLUGIN_KEY].session
 
@@ -191,7 +191,7 @@ def dc_run(request, dc_runner):
             pytest.xfail("; ".join(f"{r.check}: {r.reason}" for r in known[:3]))
         if forward.status == "skip":
             # A required pair's declines are judged once, for the session, by the same tally `deltacheck run`
-            # uses (harness/tally.py): declines outside the backend's envelope are skips there too.
+            # uses (harness/run/tally.py): declines outside the backend's envelope are skips there too.
             pytest.skip(forward.reason)
         return outcome
 
@@ -203,8 +203,8 @@ class DeltacheckPlugin:
     ``RunSession`` every matrix item runs through, the xdist hand-over of its tally, the end of the session."""
 
     def __init__(self, config) -> None:
-        from .environment import probe_env
-        from .required import required_pairs
+        from .ci.required import required_pairs
+        from .machine.environment import probe_env
 
         self.config = config
         self.collected_matrix = False
@@ -218,8 +218,8 @@ class DeltacheckPlugin:
         every process (each xdist worker, or the only one) streams its results to a file of its own inside it."""
         from pathlib import Path
 
-        from .rundir import RunDirError
-        from .session import RunSession
+        from .run.rundir import RunDirError
+        from .run.session import RunSession
 
         specs, worker = _specs(config), _worker_id(config)
         if worker is None and config.getoption("--dc-out"):
@@ -235,7 +235,7 @@ class DeltacheckPlugin:
         session = RunSession(specs, env, required)
         path = os.environ.get(_RUN_DIR_ENV) if worker else None
         if path:  # an xdist worker of a --dc-out session: its own file in the controller's directory
-            from .results import ResultStream
+            from .records.results import ResultStream
 
             session._stream = ResultStream(Path(path) / f"results.{worker}.jsonl")
         return session
@@ -246,7 +246,7 @@ class DeltacheckPlugin:
         config = metafunc.config
         cases = _selection(config)
         if config.getoption("--dc-shard") is not None:
-            from .shards import shard_cases
+            from .ci.shards import shard_cases
 
             cases = shard_cases(cases, config.getoption("--dc-shard"))
         from .backends.base import registered
@@ -292,7 +292,7 @@ class DeltacheckPlugin:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         elif (self._nothing_verified() and session.exitstatus == pytest.ExitCode.OK
               and not config.getoption("collectonly")):
-            # A session of matrix items only, none of which judged a check: as `deltacheck run` (harness/exitrule.py)
+            # A session of matrix items only, none of which judged a check: as `deltacheck run` (harness/records/exitrule.py)
             # it exits 5, so a CI job whose fused libraries were all missing cannot read green. Other tests beside
             # the matrix (the project's own suite) keep pytest's verdict; the terminal summary says it either way.
             self.nothing_ran = True
@@ -309,7 +309,7 @@ class DeltacheckPlugin:
             return []
         shard = self.config.getoption("--dc-shard")
         if shard is not None:  # pairs whose cases all lie in other shards are theirs to judge (as `run --shard`)
-            from .shards import pairs_elsewhere, shard_cases
+            from .ci.shards import pairs_elsewhere, shard_cases
 
             selection = _selection(self.config)
             elsewhere = pairs_elsewhere(required, shard_cases(selection, shard), selection)
@@ -322,7 +322,7 @@ class DeltacheckPlugin:
         session = self.session
         if session.run_dir is None:
             return
-        from .results import fold_parts
+        from .records.results import fold_parts
 
         session.close_stream()
         fold_parts(session.results_path, sorted(session.run_dir.glob("results.gw*.jsonl")))
@@ -334,8 +334,8 @@ class DeltacheckPlugin:
         session.finish(self.failures, exit_status=recorded)
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
-        from .known import format_known_report
-        from .required import format_required_report
+        from .ci.known import format_known_report
+        from .ci.required import format_required_report
 
         tally = self.session.tally
         if self.failures:

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from deltacheck.harness.results import repro_command
+from deltacheck.harness.records.results import repro_command
 
 from .load import FRONTIER_KEY, finite, number
 

@@ -2,7 +2,7 @@
 frontiers (kind "frontier"), the end record, and every line that could not be used (with its line number), so a
 report can render what survived.
 
-Only ``deltacheck.harness.results`` is imported from the harness: the JSONL stream is the whole
+Only ``deltacheck.harness.records.results`` is imported from the harness: the JSONL stream is the whole
 contract between running and reporting.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deltacheck.harness.results import SCHEMA, STATUSES, latest_per_check, read_records
+from deltacheck.harness.records.results import SCHEMA, STATUSES, latest_per_check, read_records
 
 RESULTS_FILE = "results.jsonl"
 FRONTIER_KEY = ("backend", "op", "dtype", "axis")  # one frontier record per these

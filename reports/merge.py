@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deltacheck.harness.results import ResultStream, fingerprint
-from deltacheck.harness.tally import RunTally
+from deltacheck.harness.records.results import ResultStream, fingerprint
+from deltacheck.harness.run.tally import RunTally
 
 from .fold import env_by_backend, fold_problems
 from .load import FRONTIER_KEY, RunInputError, latest_per_check, load_run

@@ -7,16 +7,16 @@ import math
 from collections import Counter
 from typing import Any
 
-from deltacheck.harness.exitrule import run_verdict
-from deltacheck.harness.results import fingerprint, repro_command
+from deltacheck.harness.records.exitrule import run_verdict
+from deltacheck.harness.records.results import fingerprint, repro_command
 
 from .frontier import frontier_summaries
-from .served import served_paths
 from .load import Run, finite, number
+from .served import served_paths
 
 SUMMARY_SCHEMA = "deltacheck-summary/1"
 STATUS_ORDER = ("pass", "fail", "known", "skip", "error")
-# The checks harness/task.py's checks_for() emits, in that order ("grad_" stands for every grad_<input>).
+# The checks harness/run/task.py's checks_for() emits, in that order ("grad_" stands for every grad_<input>).
 CHECK_ORDER = ("forward", "state", "continuation_ref", "continuation_self", "grad_", "determinism")
 
 
@@ -140,7 +140,7 @@ DETECTION_TARGET = (3.0, 0.9)  # delta <= 3x the same-precision baseline's error
 
 def detection_power(results: list[dict[str, Any]], worst: int = 3, exceptions: int = 50) -> dict[str, Any]:
     """Per backend x op x check: how small a bug the lane still sees — ``detects``, the smallest relative
-    perturbation of the kernel's own result that fails the check (harness/compare.py ``detection_delta``). A row's
+    perturbation of the kernel's own result that fails the check (harness/judge/compare.py ``detection_delta``). A row's
     "sees bugs down to" is its largest delta (the case where the check is weakest); ``worst`` lists those cases.
     The target: delta <= 3x the same-precision baseline's error on >= 90% of the checks that have a baseline; the
     checks over it are ``exceptions`` (largest ratio first)."""

@@ -11,7 +11,7 @@ from deltacheck.harness.cli import main as cli_main
 
 pytest_plugins = ["deltacheck.harness.pytest_plugin"]
 
-# The generated tiers are kept on disk (harness/tiers.py); the suite keeps its own, shared by its xdist workers and
+# The generated tiers are kept on disk (harness/ci/tiers.py); the suite keeps its own, shared by its xdist workers and
 # the processes its tests start (they inherit the variable), never the user's: a test may generate under a
 # monkeypatched generator. DELTACHECK_TIER_CACHE=0 (cache off) is respected. The process that made it removes it.
 if os.environ.get("DELTACHECK_TIER_CACHE") != "0" and not os.environ.get("DELTACHECK_TESTS_TIER_CACHE"):

@@ -8,7 +8,7 @@ import pytest
 from deltacheck.cases import added
 from deltacheck.cases import matrix as matrix_module
 from deltacheck.cases.support import OP_SUPPORT
-from deltacheck.harness.tiers import target_envelopes, tier_cases
+from deltacheck.harness.ci.tiers import target_envelopes, tier_cases
 
 
 def _minimal_counts():

@@ -146,7 +146,7 @@ def test_reference_imports_torch_only():
 def test_reports_and_the_case_grammar_import_without_torch():
     """Every reports module, the case-id grammar and the exit rule import with torch blocked."""
     modules = ["deltacheck.reports." + p.stem for p in _sources("reports") if p.stem != "__init__"]
-    modules += ["deltacheck.cases.spec", "deltacheck.harness.exitrule", "deltacheck.harness.results"]
+    modules += ["deltacheck.cases.spec", "deltacheck.harness.records.exitrule", "deltacheck.harness.records.results"]
     proc = fresh("import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules)
                  + "print('OK')\n", block_torch=True)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr

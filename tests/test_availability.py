@@ -23,15 +23,11 @@ import pytest
 from child_env import HANG_GUARD_S
 
 from deltacheck.harness import cli
-from deltacheck.harness import environment as gate
-from deltacheck.harness.availability import floors_by_name as pair_verdict
-from deltacheck.harness.availability import library_verdict
 from deltacheck.harness.backends.base import Verdict
 from deltacheck.harness.backends.cudnn import CudnnBackend
 from deltacheck.harness.backends.fla import FlaBackend
 from deltacheck.harness.backends.loading import Library, load_entry_point
-from deltacheck.harness.environment import Env, Finder, probe_env
-from deltacheck.harness.required import (
+from deltacheck.harness.ci.required import (
     RequiredModeError,
     RequireSpecError,
     format_required_report,
@@ -39,6 +35,10 @@ from deltacheck.harness.required import (
     required_pairs,
     required_spec,
 )
+from deltacheck.harness.machine import environment as gate
+from deltacheck.harness.machine.availability import floors_by_name as pair_verdict
+from deltacheck.harness.machine.availability import library_verdict
+from deltacheck.harness.machine.environment import Env, Finder, probe_env
 
 
 def adapter(name: str, importer):
@@ -723,7 +723,7 @@ def test_cli_env_subprocess(clean_required):
 
 
 def _forward(status, reason="", **metrics):
-    from deltacheck.harness.results import Result
+    from deltacheck.harness.records.results import Result
 
     return Result(case="kda-bf16-bshd-N1-L1-H2/2/4-K128-V128-steep", backend="cudnn", check="forward",
                   status=status, reason=reason, metrics=metrics)
@@ -734,8 +734,8 @@ def test_an_ill_posed_case_ran_it_was_not_declined(ill_posed):
     """On the H200, DELTACHECK_REQUIRE=cudnn:kda failed both ways with 'declined 1 case(s) inside the envelope'
     when the kernel had run a case whose bf16 baseline misses the threshold too (skipped as ill-posed). Such a
     skip is an execution: not a decline, and not a refusal inside the envelope."""
-    from deltacheck.harness.tally import RunTally as RequiredTally
-    from deltacheck.harness.task import task_summary
+    from deltacheck.harness.run.tally import RunTally as RequiredTally
+    from deltacheck.harness.run.task import task_summary
 
     skip = _forward("skip", "ill-posed at bf16: ..." if ill_posed else "cuDNN declined: no engine",
                     envelope_inside=True, **({"ill_posed": True} if ill_posed else {}))

@@ -13,17 +13,17 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from caught import caught
 from child_env import ENV as CHILD_ENV
-import torch
 from doubles import cudnn_la, fla_ops
 
 from deltacheck.cases import Case, make_inputs
-from deltacheck.harness import environment as gate
 from deltacheck.harness.backends import reference as ref_backends
 from deltacheck.harness.backends.base import Verdict, get_backend
 from deltacheck.harness.backends.cudnn import adapter as cudnn_adapter
 from deltacheck.harness.backends.fla import adapter as fla_adapter
+from deltacheck.harness.machine import environment as gate
 
 TOL = 1e-12
 ENV = gate.Env(cuda=True, device_name="NVIDIA B200 (test double)", capability=(10, 0),

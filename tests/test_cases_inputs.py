@@ -7,12 +7,12 @@ import subprocess
 import sys
 
 import pytest
-from child_env import HANG_GUARD_S
 import torch
+from child_env import HANG_GUARD_S
 
 from deltacheck.cases import Case, make_inputs, make_weights, tensor_digest
 from deltacheck.cases.inputs import stream_key
-from deltacheck.harness.tiers import tier_cases
+from deltacheck.harness.ci.tiers import tier_cases
 
 # A spread of ids: every op, every layout, every gate mode, h0, edges of ragged lengths.
 SAMPLE_IDS = [
@@ -27,7 +27,7 @@ SAMPLE_IDS = [
 # Runs in this process and, verbatim, in a fresh interpreter.
 _DIGEST_CODE = """
 from deltacheck.cases import Case, make_inputs, make_weights, tensor_digest
-from deltacheck.harness.tiers import tier_cases
+from deltacheck.harness.ci.tiers import tier_cases
 
 def digests(ids):
     out = {}

@@ -22,8 +22,8 @@ from deltacheck.cases import (
 )
 from deltacheck.cases.matrix import L0_MAX_HEADS, L0_MAX_TOKENS, covering_rows
 from deltacheck.cases.support import HOUSEHOLDER_OPS, TIER_OPS
+from deltacheck.harness.ci.tiers import select, tier_cases
 from deltacheck.harness.cli import main as cli_main
-from deltacheck.harness.tiers import select, tier_cases
 
 
 @pytest.mark.parametrize("tier", ["L0", "L1", "L2"])

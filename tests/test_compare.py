@@ -1,11 +1,11 @@
-"""The judging rules of harness/compare.py."""
+"""The judging rules of harness/judge/compare.py."""
 
 import math
 
 import pytest
 import torch
 
-from deltacheck.harness import compare
+from deltacheck.harness.judge import compare
 
 
 def test_rel_rms_and_metrics():

@@ -12,11 +12,11 @@ from doubles import cudnn_la
 from test_availability import FakeFinder, hopper
 
 from deltacheck.cases import Case, make_inputs
-from deltacheck.harness import environment
 from deltacheck.harness.backends.base import Verdict, get_backend
 from deltacheck.harness.backends.cudnn import adapter, facts
-from deltacheck.harness.environment import probe_env
-from deltacheck.harness.runner import CaseRunner, RunOptions
+from deltacheck.harness.judge.runner import CaseRunner, RunOptions
+from deltacheck.harness.machine import environment
+from deltacheck.harness.machine.environment import probe_env
 
 # ------------------------------------------------------------------------------------------------
 # The toolchain probe
@@ -383,7 +383,7 @@ H200_CUDNN_CUTILE_NOT_FAILED = [
 
 
 def _shipped():
-    from deltacheck.harness.known import SHIPPED, load_known_issues
+    from deltacheck.harness.ci.known import SHIPPED, load_known_issues
 
     return {i.id: i for i in load_known_issues([SHIPPED])}
 

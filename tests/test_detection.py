@@ -1,5 +1,5 @@
 """Detection power (issue #27): for each check, the smallest relative perturbation of the kernel's own result that
-fails it (harness/compare.py ``detection_delta``, bisection, no second kernel call), reported per backend x op x check
+fails it (harness/judge/compare.py ``detection_delta``, bisection, no second kernel call), reported per backend x op x check
 in summary.md and report.html as "this lane sees bugs down to ..."."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import math
 import torch
 
 from deltacheck.cases import Case
-from deltacheck.harness import compare
-from deltacheck.harness.execute import execute
-from deltacheck.harness.runner import RunOptions
+from deltacheck.harness.judge import compare
+from deltacheck.harness.judge.runner import RunOptions
+from deltacheck.harness.run.execute import execute
 from deltacheck.reports.render import write_reports
 
 

@@ -12,14 +12,14 @@ from doubles import fla_ops
 
 from deltacheck.cases import Case
 from deltacheck.cases.envelope import Envelope
-from deltacheck.harness.availability import backend_envelope, envelope_note
 from deltacheck.harness.backends.base import get_backend
 from deltacheck.harness.backends.fla import FlaBackend
+from deltacheck.harness.ci.tiers import tier_cases
 from deltacheck.harness.cli import main as cli_main
-from deltacheck.harness.environment import Env
-from deltacheck.harness.runner import CaseRunner, RunOptions
-from deltacheck.harness.task import run_task
-from deltacheck.harness.tiers import tier_cases
+from deltacheck.harness.judge.runner import CaseRunner, RunOptions
+from deltacheck.harness.machine.availability import backend_envelope, envelope_note
+from deltacheck.harness.machine.environment import Env
+from deltacheck.harness.run.task import run_task
 
 TESTS = Path(__file__).resolve().parent
 CAPABLE = Env(cuda=True, device_name="NVIDIA B200", capability=(10, 0),

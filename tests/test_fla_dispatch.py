@@ -12,11 +12,11 @@ import torch
 from doubles import fla_dispatch
 
 from deltacheck.cases import Case, make_inputs
-from deltacheck.harness import environment
 from deltacheck.harness.backends.base import get_backend
 from deltacheck.harness.backends.fla import dispatch
 from deltacheck.harness.backends.fla.served import ServedLog
-from deltacheck.harness.runner import CaseRunner, RunOptions
+from deltacheck.harness.judge.runner import CaseRunner, RunOptions
+from deltacheck.harness.machine import environment
 
 H200 = environment.Env(cuda=True, device_name="NVIDIA H200 (test double)", capability=(9, 0),
                        versions={"fla": "0.6.0", "triton": "3.6.0"})

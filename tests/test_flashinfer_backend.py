@@ -17,10 +17,10 @@ from caught import caught
 from doubles import flashinfer_gdn
 
 from deltacheck.cases import Case, make_inputs
-from deltacheck.harness import environment
 from deltacheck.harness.backends.base import Verdict, get_backend
 from deltacheck.harness.backends.flashinfer import adapter, facts
-from deltacheck.harness.runner import CaseRunner, RunOptions
+from deltacheck.harness.judge.runner import CaseRunner, RunOptions
+from deltacheck.harness.machine import environment
 
 ENV = environment.Env(cuda=True, device_name="NVIDIA H200 (test double)", capability=(9, 0),
                       versions={"flashinfer": "0.7.2.post1", "cutlass_dsl": "4.8.1"})

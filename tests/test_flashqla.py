@@ -10,10 +10,10 @@ from caught import caught
 from doubles import flash_qla
 
 from deltacheck.cases import Case, make_inputs
-from deltacheck.harness import environment
 from deltacheck.harness.backends.base import Verdict, get_backend
 from deltacheck.harness.backends.flashqla import adapter, facts
-from deltacheck.harness.runner import CaseRunner, RunOptions
+from deltacheck.harness.judge.runner import CaseRunner, RunOptions
+from deltacheck.harness.machine import environment
 
 TOL = 1e-12
 VERSIONS = {"flash_qla": "0.1.3", "tilelang": "0.1.15", "tvm_ffi": "0.1.12", "z3": "4.15.4.0"}

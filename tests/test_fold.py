@@ -96,7 +96,7 @@ def test_a_fold_refuses_another_machine(two_envs, capsys):
 
 
 def test_the_lane_runs_each_family_in_its_own_venv_then_folds():
-    from deltacheck.harness.families import FAMILIES, lane_commands
+    from deltacheck.harness.ci.families import FAMILIES, lane_commands
 
     commands = lane_commands([f.name for f in FAMILIES], {"jax", "cudnn", "flashinfer", "fla"}, wheels="/w")
     runs = [c for c in commands if c[2:4] == ["deltacheck", "run"]]

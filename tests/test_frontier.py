@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from deltacheck.cases import Case
-from deltacheck.harness import frontier as fr
 from deltacheck.harness.cli import main as cli_main
-from deltacheck.harness.results import Result
+from deltacheck.harness.records.results import Result
+from deltacheck.harness.run import frontier_search as fr
 
 TESTS = Path(__file__).resolve().parent
 DOUBLE = "fake_backends:SteepGateBreaks"
@@ -264,7 +264,7 @@ def test_unusable_requests_are_one_line_errors_with_exit_2(tmp_path, capsys, arg
 
 
 def test_the_fp16_length_axis_also_judges_the_safe_gate_backward():
-    from deltacheck.harness import frontier as fr
+    from deltacheck.harness.run import frontier_search as fr
 
     base = Case(op="kda", io_dtype="fp16", layout="thd", seqlens=(192, 130, 160), K=64, V=64, gate="typical",
                 initial_state=True, backward=True)

@@ -9,8 +9,8 @@ import io
 import json
 
 import pytest
-from caught import caught
 import torch
+from caught import caught
 from doubles import cudnn_la
 
 from deltacheck.cases import Case, CaseError, interaction_coverage, make_inputs, matrix, tier_cases
@@ -18,12 +18,12 @@ from deltacheck.cases.axes import compatible
 from deltacheck.cases.gdp import GDP_CASES, GDP_IDS
 from deltacheck.cases.matrix import tier_axes
 from deltacheck.cases.support import TIER_OPS
-from deltacheck.harness import environment
 from deltacheck.harness.backends.base import Verdict, get_backend
 from deltacheck.harness.backends.cudnn import adapter as cudnn_adapter
 from deltacheck.harness.backends.cudnn import facts as cudnn_facts
-from deltacheck.harness.execute import execute
-from deltacheck.harness.runner import RunOptions, segment_inputs
+from deltacheck.harness.judge.runner import RunOptions, segment_inputs
+from deltacheck.harness.machine import environment
+from deltacheck.harness.run.execute import execute
 
 ENV = environment.Env(cuda=True, device_name="NVIDIA B200 (test double)", capability=(10, 0),
                       versions={"cudnn_frontend": "1.32.0"})
@@ -80,7 +80,7 @@ def test_every_tier_covers_gdp_pairwise_over_its_own_axes(tier):
 def test_generating_gdp_leaves_every_other_case_as_it_was(monkeypatch):
     """GDP's arrays draw from their own seeds: without them the other ops' cases are the same, in the same order (a
     run directory or a compare across the change still lines up)."""
-    from deltacheck.harness.tiers import target_envelopes
+    from deltacheck.harness.ci.tiers import target_envelopes
 
     envelopes = target_envelopes()
     with_gdp = {tier: matrix.tier_cases(tier, envelopes) for tier in ("L0", "L2")}

@@ -12,10 +12,10 @@ from caught import caught
 from doubles import jax_la
 
 from deltacheck.cases import Case, make_inputs
-from deltacheck.harness import environment
 from deltacheck.harness.backends.base import Verdict, get_backend
 from deltacheck.harness.backends.jaxla import adapter, bridge, facts
-from deltacheck.harness.runner import CaseRunner, RunOptions
+from deltacheck.harness.judge.runner import CaseRunner, RunOptions
+from deltacheck.harness.machine import environment
 
 ENV = environment.Env(cuda=True, device_name="NVIDIA H200 (test double)", capability=(9, 0),
                       versions={"jax_linear_attention": "0.1.0", "jax": "0.11.2"})

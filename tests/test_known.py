@@ -1,4 +1,4 @@
-"""Known issues as data (harness/known.py): the file format's mistakes, who an entry speaks about, strictness, the
+"""Known issues as data (harness/ci/known.py): the file format's mistakes, who an entry speaks about, strictness, the
 CLI and the pytest plugin giving the same verdict, and the shipped table against the H200 run it came from."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import pytest
 from child_env import ENV, HANG_GUARD_S, TESTS
 
 from deltacheck.cases import Case
-from deltacheck.harness.environment import Env
-from deltacheck.harness.known import (
+from deltacheck.harness.ci.known import (
     SHIPPED,
     KnownIssuesError,
     known_issue_paths,
@@ -22,7 +21,8 @@ from deltacheck.harness.known import (
     mark_known,
     outcomes,
 )
-from deltacheck.harness.results import Result
+from deltacheck.harness.machine.environment import Env
+from deltacheck.harness.records.results import Result
 
 H200 = Env(cuda=True, device_name="NVIDIA H200", capability=(9, 0),
            versions={"cudnn_frontend": "1.32.0", "fla": "0.6.0"})
@@ -90,9 +90,9 @@ def test_an_unknown_backend_is_refused_where_the_runs_backends_are_known(tmp_pat
         ok = write(tmp_path, GOOD.replace('backend = "cudnn"', f'backend = "{backend}"'))
         assert load_known_issues([ok], backends=names)[0].backend == backend
     # every check name a case can owe is accepted
-    from deltacheck.harness.known import CHECK_NAMES
-    from deltacheck.harness.task import checks_for
-    from deltacheck.harness.tiers import select
+    from deltacheck.harness.ci.known import CHECK_NAMES
+    from deltacheck.harness.ci.tiers import select
+    from deltacheck.harness.run.task import checks_for
     owed = {c for case in select(tier="L0") for c in checks_for(case)}
     assert owed <= set(CHECK_NAMES), owed - set(CHECK_NAMES)
 

@@ -14,12 +14,12 @@ import torch
 from doubles import cudnn_la, fla_ops, te_la
 
 from deltacheck.cases import Case, make_inputs
-from deltacheck.harness import margins
 from deltacheck.harness.backends.base import Verdict
 from deltacheck.harness.backends.cudnn import adapter as cudnn_adapter
 from deltacheck.harness.backends.fla import adapter as fla_adapter
 from deltacheck.harness.backends.te import adapter as te_adapter
-from deltacheck.harness.runner import CaseRunner, RunOptions, guarded
+from deltacheck.harness.judge import margins
+from deltacheck.harness.judge.runner import CaseRunner, RunOptions, guarded
 
 LAYOUTS = ("thd", "bshd", "sbhd", "bhsd")
 NAMES = ("q", "k", "v", "g", "beta")

@@ -15,8 +15,8 @@ import pytest
 import torch
 from child_env import ENV, HANG_GUARD_S, TESTS
 
+from deltacheck.harness.ci.tiers import select
 from deltacheck.harness.cli import main as cli_main
-from deltacheck.harness.tiers import select
 
 # Two small cases: seconds per run.
 CASE_A = "gdn2-fp16-thd-N1-T[33]-H2/2/2-K64-V64-typical"
@@ -292,7 +292,7 @@ OTHER_LINES = ["kernel library: 3 plans cached (fake)", ' - leaked instance is a
 
 
 def test_leak_filter_drops_the_nanobind_report_and_nothing_else():
-    from deltacheck.harness.leaks import LeakFilter
+    from deltacheck.harness.machine.leaks import LeakFilter
 
     text = ["before\n", *(line + "\n" for line in LEAK_REPORT), OTHER_LINES[1] + "\n", "after"]
     leak_filter = LeakFilter()
@@ -318,7 +318,7 @@ def test_nanobind_leak_warnings_at_a_pytest_workers_exit_stay_out_of_the_termina
     (tmp_path / "conftest.py").write_text(textwrap.dedent(f"""
         import atexit, os
         try:
-            from deltacheck.harness import leaks
+            from deltacheck.harness.machine import leaks
             leaks.nanobind_loaded = lambda: True  # stands in for cuDNN's nanobind extension
         except ImportError:  # a deltacheck without the filter: the report reaches the terminal
             pass
@@ -343,7 +343,7 @@ def test_nanobind_leak_warnings_at_exit_stay_out_of_the_terminal_in_every_comman
     exit-time filter is in place, as nanobind does."""
     script = textwrap.dedent(f"""
         import atexit, os, sys
-        from deltacheck.harness import leaks
+        from deltacheck.harness.machine import leaks
         leaks.nanobind_loaded = lambda: True  # stands in for cuDNN's nanobind extension
         REPORT = {LEAK_REPORT + OTHER_LINES!r}
         atexit.register(lambda: os.write(2, "".join(line + "\\n" for line in REPORT).encode()))
@@ -392,7 +392,7 @@ def test_the_top_level_help_names_every_op_and_te(capsys):
 def test_the_eta_is_estimated_over_the_tasks_that_will_run(monkeypatch):
     import io
 
-    from deltacheck.harness import execute as ex
+    from deltacheck.harness.run import execute as ex
 
     clock = [0.0]
     monkeypatch.setattr(ex.time, "monotonic", lambda: clock[0])

@@ -9,7 +9,7 @@ from mutants import MUTANTS
 from deltacheck.cases import Case
 from deltacheck.cases.added import guard_separation_cases
 from deltacheck.harness.backends.base import Verdict, get_backend
-from deltacheck.harness.runner import CaseRunner, RunOptions
+from deltacheck.harness.judge.runner import CaseRunner, RunOptions
 
 # Small enough for the fp64 token oracle on a CPU, large enough to cross a 64-token chunk boundary,
 # with ragged packing (empty and one-token sequences), GQA and GVA, an initial state, continuation
@@ -92,7 +92,7 @@ MILD_GUARD = "gdn2-bf16-thd-N3-T[0_65_130]-H2/2/2-K128-V128-mild-l2norm-guard-h0
 
 
 def _l0_guard_cases():
-    from deltacheck.harness.tiers import select
+    from deltacheck.harness.ci.tiers import select
 
     return [c.id for c in select("L0") if c.beta_guard]
 

@@ -20,11 +20,11 @@ from deltacheck.cases import Case, make_inputs
 from deltacheck.cases.axes import axis_values, compatible
 from deltacheck.cases.support import TIER_OPS
 from deltacheck.harness.backends.base import get_backend
-from deltacheck.harness.compare import NEGLIGIBLE_MAX_ABS
-from deltacheck.harness.expected import grad_leaves, weighted_loss
-from deltacheck.harness.runner import CaseRunner, RunOptions
-from deltacheck.harness.task import grad_inputs, run_task
-from deltacheck.harness.tiers import tier_cases
+from deltacheck.harness.ci.tiers import tier_cases
+from deltacheck.harness.judge.compare import NEGLIGIBLE_MAX_ABS
+from deltacheck.harness.judge.expected import grad_leaves, weighted_loss
+from deltacheck.harness.judge.runner import CaseRunner, RunOptions
+from deltacheck.harness.run.task import grad_inputs, run_task
 
 TESTS = Path(__file__).resolve().parent
 F64 = torch.float64

@@ -1,5 +1,5 @@
 """Reduced parameter gradients (d a_log, d dt_bias) judged for what they are: consistency with the backend's own
-dg, and a limit scaled by the reduction's measured conditioning (issue 15, harness/reductions.py)."""
+dg, and a limit scaled by the reduction's measured conditioning (issue 15, harness/judge/reductions.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from deltacheck.cases import Case
-from deltacheck.harness.runner import CaseRunner, RunOptions
-from deltacheck.harness.task import run_task
+from deltacheck.harness.judge.runner import CaseRunner, RunOptions
+from deltacheck.harness.run.task import run_task
 
 TESTS = Path(__file__).resolve().parent
 # The L0 case on which FLA 0.6's chunk_kda dA_log missed 2x the baseline by 7.5% on the H200 (2026-11-30) while

@@ -10,11 +10,11 @@ import torch
 
 from deltacheck.cases import Case, make_inputs
 from deltacheck.cases.added import safe_gate_backward_cases
-from deltacheck.harness import compare
 from deltacheck.harness.backends.base import get_backend
-from deltacheck.harness.expected import grad_leaves, weighted_loss
-from deltacheck.harness.task import grad_inputs
-from deltacheck.harness.tiers import tier_cases
+from deltacheck.harness.ci.tiers import tier_cases
+from deltacheck.harness.judge import compare
+from deltacheck.harness.judge.expected import grad_leaves, weighted_loss
+from deltacheck.harness.run.task import grad_inputs
 
 EXACT = 1e-12
 F64 = torch.float64

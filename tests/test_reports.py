@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from deltacheck.harness.cli import main as cli_main
-from deltacheck.harness.rundir import new_run_dir, provenance
+from deltacheck.harness.run.rundir import new_run_dir, provenance
 from deltacheck.reports.load import RunInputError, load_run
 from deltacheck.reports.render import REPORT_FILES, write_reports
 

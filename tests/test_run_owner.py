@@ -16,7 +16,7 @@ from test_runner import CASE_IDS, records, run
 
 from deltacheck.harness.backends import base
 from deltacheck.harness.cli import main as cli_main
-from deltacheck.harness.exitrule import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, run_exit_status, run_verdict
+from deltacheck.harness.records.exitrule import EXIT_FAILED, EXIT_NOTHING_RAN, EXIT_OK, run_exit_status, run_verdict
 from deltacheck.reports.load import load_run
 from deltacheck.reports.summary import summarize
 
@@ -156,7 +156,7 @@ def _is_json(line: str) -> bool:
 
 
 def test_a_full_disk_is_one_line_with_the_resume_hint(tmp_path, run_cli, monkeypatch):
-    from deltacheck.harness import results
+    from deltacheck.harness.records import results
 
     real = results.ResultStream.write
     calls = {"n": 0}
@@ -278,8 +278,8 @@ def test_a_plugin_version_reaches_the_header_and_compare_says_when_it_changed(tm
 
 
 def test_a_version_key_the_probe_does_not_know_does_not_skip_load(monkeypatch):
-    from deltacheck.harness.availability import library_verdict
-    from deltacheck.harness.environment import probe_env
+    from deltacheck.harness.machine.availability import library_verdict
+    from deltacheck.harness.machine.environment import probe_env
 
     CountingBackend.loads = 0
     backend = CountingBackend()

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from child_env import ENV, HANG_GUARD_S, TESTS
 
+from deltacheck.harness.ci.tiers import select
 from deltacheck.harness.cli import main as cli_main
-from deltacheck.harness.pool import _Watchdog as _REAL_WATCHDOG
-from deltacheck.harness.execute import execute
-from deltacheck.harness.runner import RunOptions
-from deltacheck.harness.tiers import select
+from deltacheck.harness.judge.runner import RunOptions
+from deltacheck.harness.run.execute import execute
+from deltacheck.harness.run.pool import _Watchdog as _REAL_WATCHDOG
 
 # One small case per op keeps these end-to-end runs to seconds.
 CASE_IDS = [
@@ -95,7 +95,7 @@ def test_every_failure_carries_a_repro_command_that_reruns_just_that_case(tmp_pa
 
 SITUATIONS = {
     # name: (backend spec, -k expression, DELTACHECK_REQUIRE pair, --limit, exit status when required / when not;
-    # 5: nothing was verified, harness/exitrule.py)
+    # 5: nothing was verified, harness/records/exitrule.py)
     "engine declines every case": ("fake_backends:Declining", None, "fake_backends:Declining:kda", 2, 1, 5),
     # a backend that cannot load is an error result in every task, required or not (it is not a decline)
     "backend raises on import": ("broken_backend_module:Obj", None, "broken_backend_module:Obj:kda", 2, 1, 1),
@@ -140,7 +140,7 @@ def pytest_outcome(spec, k, require, limit=2):
 @pytest.mark.parametrize("situation", list(SITUATIONS))
 def test_cli_and_pytest_agree(situation, required, tmp_path, run_cli):
     """One required-mode verdict: `deltacheck run` and the pytest plugin reach the same exit status in every
-    situation, and say why in the same words (harness/required.py owns the tally and the report)."""
+    situation, and say why in the same words (harness/ci/required.py owns the tally and the report)."""
     spec, k, pair, limit, status_required, status_otherwise = SITUATIONS[situation]
     require = pair if required else None
     cli_rc, cli_text = cli_outcome(run_cli, spec, k, require, tmp_path, limit)
@@ -164,7 +164,7 @@ def test_thousands_of_tasks_through_the_worker_do_not_deadlock(tmp_path, monkeyp
     cases = select("L1")
     status, run_dir = run(["fake_backends:Declining"], tmp_path, in_process=False, cases=cases)
     end = records(run_dir)[-1]
-    # every case declined: a finished run that verified nothing (exit 5, harness/exitrule.py)
+    # every case declined: a finished run that verified nothing (exit 5, harness/records/exitrule.py)
     assert status == 5 and end["kind"] == "end" and end["counts"]["skip"] >= len(cases)
 
 
@@ -181,7 +181,7 @@ def test_malformed_require_setting_is_a_usage_error(tmp_path, monkeypatch):
 
 def test_the_reference_is_never_the_backend_under_test():
     from deltacheck.cases import Case
-    from deltacheck.harness.expected import reference_name
+    from deltacheck.harness.judge.expected import reference_name
 
     short = Case.from_id(CASE_IDS[0])
     long = Case(op="gdn", layout="thd", seqlens=(3000,), H=2, HK=2, HV=2, K=64, V=64, tier="L1")
@@ -248,7 +248,7 @@ def test_a_hard_crash_in_one_worker_is_recorded_and_the_others_finish(tmp_path, 
 
 
 def test_the_queue_keeps_workers_on_their_family_spreads_new_ones_and_hands_out_every_task_once():
-    from deltacheck.harness.pool import TaskQueue, compile_family
+    from deltacheck.harness.run.pool import TaskQueue, compile_family
 
     cases = select(tier="L0")
     tasks = list(enumerate((c, s) for c in cases for s in ("fla", "cudnn")))
@@ -279,7 +279,7 @@ def test_the_queue_keeps_workers_on_their_family_spreads_new_ones_and_hands_out_
 
 def test_a_slow_family_does_not_hold_back_the_others(tmp_path, monkeypatch):
     """Work balances itself: with two workers, one stuck on a long task, the other does everything else."""
-    from deltacheck.harness.pool import TaskQueue
+    from deltacheck.harness.run.pool import TaskQueue
 
     cases = [__import__("deltacheck.cases", fromlist=["Case"]).Case.from_id(c) for c in CASE_IDS]
     queue = TaskQueue(list(enumerate((c, "b") for c in cases)))
@@ -293,7 +293,7 @@ def test_a_slow_family_does_not_hold_back_the_others(tmp_path, monkeypatch):
 
 
 def test_with_several_gpus_each_worker_is_pinned_to_one(tmp_path, monkeypatch):
-    from deltacheck.harness import pool
+    from deltacheck.harness.run import pool
 
     seen, threads = {}, {}
 
@@ -324,7 +324,7 @@ def test_with_several_gpus_each_worker_is_pinned_to_one(tmp_path, monkeypatch):
 def test_visible_gpus(pinned, smi, expected):
     from types import SimpleNamespace
 
-    from deltacheck.harness.environment import visible_gpus
+    from deltacheck.harness.machine.environment import visible_gpus
 
     def fake_run(*args, **kwargs):
         if isinstance(smi, Exception):
@@ -496,7 +496,7 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, capsys, problem):
 
 
 def test_the_task_watchdog_kills_a_worker_that_outlives_its_seconds_and_not_one_that_answers():
-    from deltacheck.harness.pool import _Watchdog
+    from deltacheck.harness.run.pool import _Watchdog
 
     hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
@@ -549,7 +549,7 @@ MARKER = "DELTACHECK_TEST_HANG_MARKER"
 
 
 def test_a_task_over_the_timeout_is_killed_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
-    from deltacheck.harness import pool
+    from deltacheck.harness.run import pool
 
     monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
     monkeypatch.setenv(MARKER, str(tmp_path / "hanging"))
@@ -597,8 +597,8 @@ def test_continuation_self_applies_the_negligible_rule_to_a_decayed_state(tmp_pa
     from the single call's by rel RMS 1.0'. Both are negligible (FLA's absolute rule), so the check passes."""
     case = "gdn2-fp16-sbhd-N1-L128-H4/4/4-K128-V128-typical-state_bf16-beta_zero-l2norm-safegate-alog-dtbias-scale1.0-h0-cont[65]"
     from deltacheck.cases import Case
-    from deltacheck.harness.runner import CaseRunner
-    from deltacheck.harness.task import run_task
+    from deltacheck.harness.judge.runner import CaseRunner
+    from deltacheck.harness.run.task import run_task
 
     sys.path.insert(0, str(TESTS))
     try:
@@ -614,7 +614,7 @@ def test_continuation_self_applies_the_negligible_rule_to_a_decayed_state(tmp_pa
 
 
 def test_each_process_gets_its_share_of_the_free_cores_unless_told():
-    from deltacheck.harness.pool import torch_threads
+    from deltacheck.harness.run.pool import torch_threads
 
     assert torch_threads(1, environ={}, cores=8, load=0.0)[0] == 8
     assert torch_threads(4, environ={}, cores=8, load=0.0)[0] == 2

@@ -1,21 +1,20 @@
-"""The serving checks (harness/serving_checks.py, harness/invariance_checks.py): each passes the clean backends
+"""The serving checks (harness/judge/serving_checks.py, harness/judge/invariance_checks.py): each passes the clean backends
 (the reference backends and a third-party clean one, tests/serving_backends.py) on every serving case of L0, and
 catches the planted bug of its class."""
 
 from __future__ import annotations
 
 import pytest
+import serving_backends as sb
 import torch
 
 from deltacheck.cases.serving import check_for, serving_cases
 from deltacheck.cases.spec import Case
 from deltacheck.harness.backends.base import get_backend
-from deltacheck.harness.environment import probe_env
-from deltacheck.harness.invariance_checks import INVARIANCE_CHECKS
-from deltacheck.harness.serving_checks import SERVING_CHECKS
+from deltacheck.harness.judge.invariance_checks import INVARIANCE_CHECKS
+from deltacheck.harness.judge.serving_checks import SERVING_CHECKS
+from deltacheck.harness.machine.environment import probe_env
 from deltacheck.reference import serving as sv
-
-import serving_backends as sb
 
 ENV = probe_env()
 L0 = serving_cases("L0")
@@ -132,9 +131,10 @@ def test_batch_invariance_reports_the_spread_where_nothing_is_promised():
 # --- the FLA serving adapter, against a contract double of FLA 0.6's internal _fwd ---------------------------------
 
 def _fla_serving(mutation=None):
+    from doubles import fla_ops, fla_serving
+
     from deltacheck.harness.backends.base import Verdict
     from deltacheck.harness.backends.fla import adapter as fla_adapter
-    from doubles import fla_ops, fla_serving
 
     backend = fla_adapter.FlaBackend(fla_serving.add_serving(fla_ops.make(), mutation=mutation), recurrent=True)
     backend.pair_verdict = lambda op, env: Verdict.ok()  # the floors have their own tests; the double is capable
@@ -178,9 +178,10 @@ def test_fla_serving_declines_gdn_and_the_chunk_path_with_reasons():
 # --- the cuDNN serving adapter, against FROST's semantics on the cudnn_la double ------------------------------------
 
 def _cudnn_serving(mutation=None):
+    from doubles import cudnn_la, cudnn_serving
+
     from deltacheck.harness.backends.base import Verdict
     from deltacheck.harness.backends.cudnn import adapter as cudnn_adapter
-    from doubles import cudnn_la, cudnn_serving
 
     backend = cudnn_adapter.CudnnBackend(cudnn_serving.add_frost(cudnn_la.make(), mutation=mutation), device="cpu")
     backend.pair_verdict = lambda op, env: Verdict.ok()

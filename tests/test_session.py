@@ -1,4 +1,4 @@
-"""The run owner (harness/session.py): availability asked once per pair, one tally that merges across shards and
+"""The run owner (harness/run/session.py): availability asked once per pair, one tally that merges across shards and
 fails on a known issue gone, and the frontier's points through the pool (a crash costs one point)."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ from child_env import TESTS
 from test_runner import CASE_IDS, records, run
 
 from deltacheck.cases import Case
-from deltacheck.harness.availability import verdicts_from_json, verdicts_to_json
 from deltacheck.harness.backends.base import Verdict, forget_backends
 from deltacheck.harness.cli import main as cli_main
-from deltacheck.harness.exitrule import EXIT_FAILED, EXIT_OK
-from deltacheck.harness.pool import worker_config
-from deltacheck.harness.results import Result
-from deltacheck.harness.runner import RunOptions
-from deltacheck.harness.tally import RunTally
-from deltacheck.harness.task import task_summary
+from deltacheck.harness.judge.runner import RunOptions
+from deltacheck.harness.machine.availability import verdicts_from_json, verdicts_to_json
+from deltacheck.harness.records.exitrule import EXIT_FAILED, EXIT_OK
+from deltacheck.harness.records.results import Result
+from deltacheck.harness.run.pool import worker_config
+from deltacheck.harness.run.tally import RunTally
+from deltacheck.harness.run.task import task_summary
 
 
 def test_availability_is_computed_once_per_pair_and_handed_to_each_task(tmp_path):
@@ -87,8 +87,8 @@ def test_a_crashing_kernel_costs_the_frontier_one_point_not_the_search(tmp_path,
 
 
 def test_a_plugin_with_envelopes_gets_generated_cases_like_the_builtins():
-    from deltacheck.harness.availability import backend_envelope
-    from deltacheck.harness.tiers import select
+    from deltacheck.harness.ci.tiers import select
+    from deltacheck.harness.machine.availability import backend_envelope
 
     spec = "fake_backends:NarrowEnvelope"
     sys.path.insert(0, str(TESTS))
@@ -104,9 +104,9 @@ def test_a_plugin_with_envelopes_gets_generated_cases_like_the_builtins():
 
 
 def test_a_plugin_written_against_the_old_api_still_runs_in_process_and_in_workers(tmp_path):
-    from deltacheck.harness.availability import library_verdict
     from deltacheck.harness.backends.base import backend_for
-    from deltacheck.harness.environment import probe_env
+    from deltacheck.harness.machine.availability import library_verdict
+    from deltacheck.harness.machine.environment import probe_env
 
     forget_backends()
     fake_backends.OldStyle.loads = 0

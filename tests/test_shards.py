@@ -15,10 +15,10 @@ import pytest
 from child_env import ENV, HANG_GUARD_S, TESTS
 
 from deltacheck.cases import Case
-from deltacheck.harness import shards
+from deltacheck.harness.ci import shards
+from deltacheck.harness.ci.shards import Shard, ShardError, case_family, selection_cost, shard_cases, shard_plan
+from deltacheck.harness.ci.tiers import select
 from deltacheck.harness.cli import main as cli_main
-from deltacheck.harness.shards import Shard, ShardError, case_family, selection_cost, shard_cases, shard_plan
-from deltacheck.harness.tiers import select
 
 # 18 small forward-only cases of 11 families and all three tier ops: a whole run in seconds.
 SMALL_K = "N1 and not bwd and K64 and not gdp"

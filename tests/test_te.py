@@ -12,15 +12,15 @@ from __future__ import annotations
 import sys
 
 import pytest
-from caught import caught
 import torch
+from caught import caught
 from doubles import cudnn_la, te_la
 
 from deltacheck.cases import Case, make_inputs
-from deltacheck.harness import environment
 from deltacheck.harness.backends.base import Verdict, get_backend
 from deltacheck.harness.backends.te import adapter, facts
-from deltacheck.harness.runner import CaseRunner, RunOptions
+from deltacheck.harness.judge.runner import CaseRunner, RunOptions
+from deltacheck.harness.machine import environment
 
 ENV = environment.Env(cuda=True, device_name="NVIDIA B200 (test double)", capability=(10, 0),
                       versions={"transformer_engine": "2.20.2", "cudnn_frontend": "1.32.0", "cutlass_dsl": "4.7.0"},

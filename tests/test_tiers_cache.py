@@ -1,4 +1,4 @@
-"""The generated tiers kept on disk (harness/tiers.py): what is read back is exactly what the generator makes, the
+"""The generated tiers kept on disk (harness/ci/tiers.py): what is read back is exactly what the generator makes, the
 key moves with what the generation reads, and a torn or foreign file is never trusted."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from deltacheck.harness import tiers
+from deltacheck.harness.ci import tiers
 
 
 @pytest.fixture

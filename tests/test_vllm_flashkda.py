@@ -10,13 +10,13 @@ from caught import caught
 from doubles import flashkda_ops, vllm_fla_ops
 
 from deltacheck.cases import Case, make_inputs
-from deltacheck.harness import environment as gate
 from deltacheck.harness.backends.base import Verdict, get_backend
 from deltacheck.harness.backends.flashkda import FlashKdaBackend
 from deltacheck.harness.backends.flashkda import facts as kda_facts
 from deltacheck.harness.backends.vllm_fla import VllmFlaBackend
 from deltacheck.harness.backends.vllm_fla import facts as vllm_facts
 from deltacheck.harness.commands.env import env_report, format_env
+from deltacheck.harness.machine import environment as gate
 
 H200 = gate.Env(cuda=True, device_name="NVIDIA H200 (test double)", capability=(9, 0),
                 versions={"vllm": "0.33.0", "triton": "3.6.0", "flashkda": "0.0.1.post20260901"})

@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from dataclasses import asdict
 
 from deltacheck.cases.support import OPS
-from deltacheck.harness.availability import library_verdict, load_backend, pair_availability
 from deltacheck.harness.backends.base import Verdict, backend_for, registered
-from deltacheck.harness.environment import Env, probe_env
-from deltacheck.harness.required import RequireSpecError, format_required_report, required_spec, strip_pair
+from deltacheck.harness.ci.required import RequireSpecError, format_required_report, required_spec, strip_pair
+from deltacheck.harness.machine.availability import library_verdict, load_backend, pair_availability
+from deltacheck.harness.machine.environment import Env, probe_env
 
 _PACKAGE_ROWS = (
     ("nvidia-cudnn-frontend", "cudnn_frontend", "cudnn"),
@@ -68,7 +68,7 @@ def env_report(env: Env, environ: Mapping[str, str] | None = None, *, imports: b
         for (b, o), src in sorted(spec.items())
         if not verdicts[(b, o)].runnable
     ]
-    from deltacheck.harness.pool import torch_threads
+    from deltacheck.harness.run.pool import torch_threads
 
     threads, how = torch_threads(1, environ=environ)
     return {

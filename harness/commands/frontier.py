@@ -1,5 +1,5 @@
 """``deltacheck frontier``: where a kernel stops being right along the log-decay (gate), the sequence length or the
-input scale. The searches and the judge live in ``harness/frontier.py``; this module parses, checks the request,
+input scale. The searches and the judge live in ``harness/run/frontier_search.py``; this module parses, checks the request,
 writes the run directory through a ``RunSession`` (a ``result`` record per judged check, a ``frontier`` record per
 backend x op x dtype x axis) and the ``--json`` file, and prints each frontier. Each point runs in a pool worker
 (``pool.WorkerClient``): a crashing kernel costs the point it crashed on, not the search."""
@@ -15,12 +15,14 @@ from pathlib import Path
 from deltacheck.cases import Case, CaseError
 from deltacheck.cases.spec import IO_DTYPES
 from deltacheck.cases.support import OPS
-from deltacheck.harness import pool
-from deltacheck.harness.availability import load_backend
-from deltacheck.harness.checks import repro_command
-from deltacheck.harness.environment import probe_env
-from deltacheck.harness.exitrule import frontier_exit_status
-from deltacheck.harness.frontier import (
+from deltacheck.harness.judge.checks import repro_command
+from deltacheck.harness.judge.runner import RunOptions
+from deltacheck.harness.machine.availability import load_backend
+from deltacheck.harness.machine.environment import probe_env
+from deltacheck.harness.records.exitrule import frontier_exit_status
+from deltacheck.harness.records.results import Result, fold_parts, latest_per_check, read_records
+from deltacheck.harness.run import pool
+from deltacheck.harness.run.frontier_search import (
     AXES,
     LENGTH_CAP,
     LENGTH_START,
@@ -29,9 +31,7 @@ from deltacheck.harness.frontier import (
     choose_base_case,
     search,
 )
-from deltacheck.harness.results import Result, fold_parts, latest_per_check, read_records
-from deltacheck.harness.runner import RunOptions
-from deltacheck.harness.session import RunSession
+from deltacheck.harness.run.session import RunSession
 
 PROG = "deltacheck frontier"
 EXIT_UNMEASURED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130

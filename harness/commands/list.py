@@ -13,9 +13,9 @@ from deltacheck.cases.coverage import coverage_table
 from deltacheck.cases.matrix import tier_axes
 from deltacheck.cases.spec import TIERS
 from deltacheck.cases.support import OPS
-from deltacheck.harness.availability import load_backend
-from deltacheck.harness.shards import Shard, ShardError, shard_cases
-from deltacheck.harness.tiers import TIER_TARGETS, backend_envelope, select
+from deltacheck.harness.ci.shards import Shard, ShardError, shard_cases
+from deltacheck.harness.ci.tiers import TIER_TARGETS, backend_envelope, select
+from deltacheck.harness.machine.availability import load_backend
 
 
 def _positive_sm(text: str) -> int:

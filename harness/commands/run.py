@@ -14,23 +14,19 @@ from typing import Any
 
 from deltacheck.cases import Case, CaseError
 from deltacheck.cases.support import OPS
-from deltacheck.harness import leaks, pool
-from deltacheck.harness.availability import case_verdict, load_backend, pair_availability
 from deltacheck.harness.backends.base import Verdict, registered, unknown_backends_message
 from deltacheck.harness.backends.table import FUSED_DEFAULT, help_names
-from deltacheck.harness.environment import device_problem, probe_env
-from deltacheck.harness.execute import RunWriteError, execute
-from deltacheck.harness.known import KnownIssuesError, known_issue_paths, load_known_issues, run_backend_names
-from deltacheck.harness.required import (
-    RequireSpecError,
-    format_required_report,
-    required_failures,
-    required_pairs,
-)
-from deltacheck.harness.rundir import ResumeError, RunDirError
-from deltacheck.harness.runner import RunOptions
-from deltacheck.harness.shards import Shard, ShardError, pairs_elsewhere, shard_cases
-from deltacheck.harness.tiers import select
+from deltacheck.harness.ci.known import KnownIssuesError, known_issue_paths, load_known_issues, run_backend_names
+from deltacheck.harness.ci.required import RequireSpecError, format_required_report, required_failures, required_pairs
+from deltacheck.harness.ci.shards import Shard, ShardError, pairs_elsewhere, shard_cases
+from deltacheck.harness.ci.tiers import select
+from deltacheck.harness.judge.runner import RunOptions
+from deltacheck.harness.machine import leaks
+from deltacheck.harness.machine.availability import case_verdict, load_backend, pair_availability
+from deltacheck.harness.machine.environment import device_problem, probe_env
+from deltacheck.harness.run import pool
+from deltacheck.harness.run.execute import RunWriteError, execute
+from deltacheck.harness.run.rundir import ResumeError, RunDirError
 
 
 def _unique(values: list[str], flag: str) -> list[str]:

@@ -13,10 +13,10 @@ from pathlib import Path
 from deltacheck.cases.spec import TIERS
 from deltacheck.cases.support import OPS
 from deltacheck.harness.backends.fla import winners
-from deltacheck.harness.environment import probe_env
-from deltacheck.harness.execute import execute
-from deltacheck.harness.runner import RunOptions
-from deltacheck.harness.tiers import select
+from deltacheck.harness.ci.tiers import select
+from deltacheck.harness.judge.runner import RunOptions
+from deltacheck.harness.machine.environment import probe_env
+from deltacheck.harness.run.execute import execute
 
 
 def cmd_warmup(args) -> int:

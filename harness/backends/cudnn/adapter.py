@@ -36,8 +36,8 @@ import os
 
 import torch
 
+from deltacheck.harness.judge.margins import with_margin
 from deltacheck.plugin import floors_then_library
-from deltacheck.harness.margins import with_margin
 
 from ..base import Verdict
 from ..loading import Library, load_entry_point
@@ -66,7 +66,7 @@ def _accepted_dtypes(op: str, name: str, io: torch.dtype) -> tuple[torch.dtype, 
 
 def _to_thd(x: torch.Tensor, layout: str) -> torch.Tensor:
     """Case layout -> packed ``[N*L, heads, *feat]``: move to bshd, then flatten batch and sequence; contiguous
-    between NaN margins (a transposed layout is copied into a margin-bearing buffer, harness/margins.py)."""
+    between NaN margins (a transposed layout is copied into a margin-bearing buffer, harness/judge/margins.py)."""
     if layout == "thd":
         return with_margin(x)
     if layout == "sbhd":
@@ -203,7 +203,7 @@ class CudnnBackend(CudnnServing):
         caches FE's engines keep (cuda.tile's cubins, the NVRTC cubins of kda_hopper_cuda and kda_cake) go under
         deltacheck's cache directory unless the user chose otherwise (docs/ci.md: keep it between CI runs)."""
         if self._module is None:
-            from deltacheck.harness.cachedir import cache_root
+            from deltacheck.harness.records.cachedir import cache_root
 
             os.environ.setdefault("CUDA_TILE_CACHE_DIR", str(cache_root() / "cutile"))
             os.environ.setdefault("CUDNN_FRONTEND_CAKE_CACHE_DIR", str(cache_root() / "cudnn_frontend"))

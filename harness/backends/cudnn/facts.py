@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 
 from deltacheck.cases.envelope import Envelope
+from deltacheck.harness.machine.environment import Env, version_below
 from deltacheck.plugin import gathered, no_cuda_reason
-from deltacheck.harness.environment import Env, version_below
 
 from ..base import Verdict
 
@@ -83,7 +83,7 @@ def toolchain_unmet(env: Env) -> list[str]:
     """The cuTile compiler chain: tileiras, and the ptxas and libnvvm it will use, all of one release (a 13.0
     libnvvm or ptxas under a 13.4 tileiras fails every kernel with rc 5, "failed to compile Tile IR program",
     at the first execute — cuDNN does not decline it). What tileiras will use is the probe's reading of
-    ``CUDA_HOME`` (harness/environment.py ``_tileiras_toolchain``); each reason names the variable or file to fix."""
+    ``CUDA_HOME`` (harness/machine/environment.py ``_tileiras_toolchain``); each reason names the variable or file to fix."""
     path = env.tools.get("tileiras")
     if not path:
         return ["tileiras not found (not in nvidia-cuda-tileiras, on PATH or in $CUDA_HOME/bin; cuTile compiles with it); "

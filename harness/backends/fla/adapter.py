@@ -32,8 +32,8 @@ import sys
 
 import torch
 
+from deltacheck.harness.judge.margins import with_margin
 from deltacheck.plugin import floors_then_library
-from deltacheck.harness.margins import with_margin
 
 from ..base import Verdict
 from ..loading import Library, load_entry_point
@@ -46,7 +46,7 @@ DISPATCH_ENV = "FLA_DISABLE_BACKEND_DISPATCH"
 
 def _to_btd(x: torch.Tensor, layout: str) -> torch.Tensor:
     """Case layout -> FLA's ``[B, T, heads, *feat]`` (thd: B = 1), contiguous between NaN margins (a
-    transposed layout is copied into a margin-bearing buffer, harness/margins.py)."""
+    transposed layout is copied into a margin-bearing buffer, harness/judge/margins.py)."""
     if layout == "thd":
         return with_margin(x.unsqueeze(0))
     if layout == "sbhd":

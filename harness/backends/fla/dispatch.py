@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from deltacheck.harness.cachedir import cache_root
+from deltacheck.harness.records.cachedir import cache_root
 
 from ..base import Verdict
 from . import facts

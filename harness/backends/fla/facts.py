@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from deltacheck.cases.envelope import Envelope
+from deltacheck.harness.machine.environment import Env, version_in
 from deltacheck.plugin import gathered, no_cuda_reason, package_floor
-from deltacheck.harness.environment import Env, version_in
 
 from ..base import Verdict
 

@@ -21,7 +21,7 @@ import re
 import sys
 from pathlib import Path
 
-from deltacheck.harness.cachedir import cache_root
+from deltacheck.harness.records.cachedir import cache_root
 
 RECORD_ENV = "DELTACHECK_RECORD_WINNERS"  # a directory: each process writes winners.<pid>.json there at exit
 FILES_ENV = "DELTACHECK_FLA_WINNERS"  # files to read (os.pathsep-separated) before the default ones

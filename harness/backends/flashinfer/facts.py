@@ -12,7 +12,7 @@ Sources (the flashinfer-python 0.7.2.post1 wheel; docs/libraries.md keeps the fi
 from __future__ import annotations
 
 from deltacheck.cases.envelope import Envelope
-from deltacheck.harness.environment import Env
+from deltacheck.harness.machine.environment import Env
 from deltacheck.plugin import gathered, no_cuda_reason, package_floor
 
 from ..base import Verdict

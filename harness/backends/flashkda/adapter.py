@@ -28,7 +28,7 @@ import importlib.metadata
 
 import torch
 
-from deltacheck.harness.margins import with_margin
+from deltacheck.harness.judge.margins import with_margin
 from deltacheck.plugin import floors_then_library
 
 from ..base import Verdict

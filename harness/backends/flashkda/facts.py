@@ -13,7 +13,7 @@ docs/libraries.md, "FlashKDA", cites the schema, the checks (the binaries' messa
 from __future__ import annotations
 
 from deltacheck.cases.envelope import Envelope
-from deltacheck.harness.environment import Env
+from deltacheck.harness.machine.environment import Env
 from deltacheck.plugin import gathered, no_cuda_reason, package_floor
 
 from ..base import Verdict

@@ -26,7 +26,7 @@ import os
 
 import torch
 
-from deltacheck.harness.cachedir import cache_root
+from deltacheck.harness.records.cachedir import cache_root
 from deltacheck.plugin import floors_then_library
 
 from ..base import Verdict

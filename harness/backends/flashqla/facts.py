@@ -11,7 +11,7 @@ wheels' METADATA (``tilelang>=0.1.12``; ``apache-tvm-ffi<0.1.13,>=0.1.11``, ``z3
 from __future__ import annotations
 
 from deltacheck.cases.envelope import Envelope
-from deltacheck.harness.environment import Env, version_in
+from deltacheck.harness.machine.environment import Env, version_in
 from deltacheck.plugin import gathered, no_cuda_reason, package_floor
 
 from ..base import Verdict

@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from deltacheck.harness.cachedir import cache_root
+from deltacheck.harness.records.cachedir import cache_root
 
 JAX_ENV_DEFAULTS = {
     "XLA_PYTHON_CLIENT_PREALLOCATE": "false",  # allocate on demand, beside torch's caching allocator

@@ -11,7 +11,7 @@ Sources (the jax-linear-attention 0.1.0 wheel, package ``jla``; docs/libraries.m
 from __future__ import annotations
 
 from deltacheck.cases.envelope import Envelope
-from deltacheck.harness.environment import Env
+from deltacheck.harness.machine.environment import Env
 from deltacheck.plugin import gathered, no_cuda_reason, package_floor
 
 from ..base import Verdict

@@ -39,8 +39,8 @@ import sys
 
 import torch
 
+from deltacheck.harness.judge.margins import with_margin
 from deltacheck.plugin import floors_then_library
-from deltacheck.harness.margins import with_margin
 
 from ..base import LibraryContractError, Verdict
 from ..loading import Library, load_entry_point
@@ -76,7 +76,7 @@ def _to_te(x: torch.Tensor | None, case, name: str) -> torch.Tensor | None:
         return None
     if case.layout == "bhsd":
         x = x.transpose(1, 2)
-    x = with_margin(x)  # contiguous between NaN margins (harness/margins.py); the unflatten below is a view
+    x = with_margin(x)  # contiguous between NaN margins (harness/judge/margins.py); the unflatten below is a view
     if name in case.support.subtoken_inputs:  # GDP, thd only: row t*n + j is token t's sub-token j
         x = x.unflatten(0, (x.shape[0] // case.num_householder, case.num_householder))
     return x

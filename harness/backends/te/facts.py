@@ -11,9 +11,8 @@ modules are thin: each calls a cuDNN frontend op (``cudnn.linear_attention.ops``
 
 from __future__ import annotations
 
-from deltacheck.plugin import gathered, no_cuda_reason, package_floor
-from deltacheck.harness.environment import Env
-from deltacheck.plugin import strip_pair
+from deltacheck.harness.machine.environment import Env
+from deltacheck.plugin import gathered, no_cuda_reason, package_floor, strip_pair
 
 from ..base import Verdict
 from ..cudnn import facts as cudnn_facts

@@ -29,8 +29,8 @@ import os
 
 import torch
 
-from deltacheck.harness.cachedir import cache_root
-from deltacheck.harness.margins import with_margin
+from deltacheck.harness.judge.margins import with_margin
+from deltacheck.harness.records.cachedir import cache_root
 from deltacheck.plugin import floors_then_library
 
 from ..base import Verdict

@@ -9,7 +9,7 @@ Sources (vllm 0.33.0 wheel; docs/libraries.md, "vLLM's FLA copy", cites every li
 from __future__ import annotations
 
 from deltacheck.cases.envelope import Envelope
-from deltacheck.harness.environment import Env
+from deltacheck.harness.machine.environment import Env
 from deltacheck.plugin import gathered, no_cuda_reason, package_floor
 
 from ..base import Verdict

@@ -16,8 +16,8 @@ import torch
 from deltacheck.cases import Case, make_inputs, make_weights
 from deltacheck.reference import layouts
 
+from ..backends.base import Backend, backend_for
 from . import compare
-from .backends.base import Backend, backend_for
 from .checks import grad_inputs
 
 F64 = torch.float64

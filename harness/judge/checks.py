@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .results import Result
-from .results import repro_command as repro_line
+from ..records.results import Result
+from ..records.results import repro_command as repro_line
 
 
 def repro_command(case, backend_spec: str) -> str:

@@ -151,7 +151,7 @@ def judge(op: str, io_dtype: str, quantity: str, error: float, baseline: float |
         floor_judged = tol.c * baseline < tol.floor < tol.threshold
         limit = min(tol.threshold, relative)
     if at_least is not None and math.isfinite(at_least) and at_least > limit:
-        # a reduced gradient's conditioning (harness/reductions.py): the limit a good dg allows the sum to move
+        # a reduced gradient's conditioning (harness/judge/reductions.py): the limit a good dg allows the sum to move
         limit = at_least
     ill_posed = baseline is not None and not (math.isfinite(baseline) and baseline <= tol.threshold)
     headroom = error / limit if limit > 0 else math.inf

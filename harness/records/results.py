@@ -20,7 +20,7 @@ from typing import Any
 
 SCHEMA = 1
 STATUSES = ("pass", "fail", "known", "skip", "error")
-# Statuses of a check that was judged: 'known' is a failure a known-issues entry covers (harness/known.py).
+# Statuses of a check that was judged: 'known' is a failure a known-issues entry covers (harness/ci/known.py).
 JUDGED = ("pass", "fail", "known")
 # What makes two environments numerically comparable (the host name is left out).
 FINGERPRINT_FIELDS = ("cuda", "device_name", "capability", "python", "versions")

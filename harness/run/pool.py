@@ -1,6 +1,6 @@
 """The worker pool: crash-isolated worker processes taking case x backend tasks from one queue.
 
-A worker (``python -m deltacheck.harness.worker``) reads a config line and then one task per line on its
+A worker (``python -m deltacheck.harness.run.worker``) reads a config line and then one task per line on its
 stdin, streams every result into its results file as it is judged, and reports each finished task on a pipe
 of its own (``DONE <i> <summary json>``): the worker's stdout stays the user's, and its stderr reaches the
 user's line by line, so whatever a kernel library prints reaches the terminal or the CI log unchanged — all
@@ -25,16 +25,16 @@ from collections import Counter, deque
 from dataclasses import asdict
 from pathlib import Path
 
-from .availability import verdicts_to_json
-from .checks import unjudged_results
-from .cores import torch_threads, usable_cores  # noqa: F401 - torch_threads is asked here by run and env
-from .environment import visible_gpus
-from .leaks import LeakFilter
-from .results import Result, ResultStream, fold_parts, read_records
-from .shards import compile_family
+from ..ci.shards import compile_family
+from ..judge.checks import unjudged_results
+from ..machine.availability import verdicts_to_json
+from ..machine.cores import torch_threads, usable_cores  # noqa: F401 - torch_threads is asked here by run and env
+from ..machine.environment import visible_gpus
+from ..machine.leaks import LeakFilter
+from ..records.results import Result, ResultStream, fold_parts, read_records
 from .task import task_summary
 
-PROTOCOL_FD_ENV = "DELTACHECK_WORKER_FD"  # the worker's end of the protocol pipe (harness/worker.py)
+PROTOCOL_FD_ENV = "DELTACHECK_WORKER_FD"  # the worker's end of the protocol pipe (harness/run/worker.py)
 
 
 def _importable_paths(environ: dict) -> str:
@@ -55,7 +55,7 @@ def spawn_worker(env: dict | None = None) -> tuple[subprocess.Popen, object]:
     child_env[PROTOCOL_FD_ENV] = str(write_fd)
     child_env["PYTHONPATH"] = _importable_paths(child_env)
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "deltacheck.harness.worker"], stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", "deltacheck.harness.run.worker"], stdin=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, bufsize=1, env=child_env, pass_fds=(write_fd,))
     except BaseException:
         os.close(read_fd)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from deltacheck.cases.support import OPS
 
-from .availability import load_backend, pair_availability
-from .backends.base import BackendLoadError, Verdict
-from .results import Result, ResultStream
+from ..backends.base import BackendLoadError, Verdict
+from ..machine.availability import load_backend, pair_availability
+from ..records.results import Result, ResultStream
 from .rundir import new_run_dir, open_run, resume_run
 from .tally import RunTally
 from .task import run_task, task_record, task_summary

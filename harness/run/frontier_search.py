@@ -29,9 +29,9 @@ from typing import Any
 
 from deltacheck.cases import Case, CaseError
 
-from .availability import case_verdict
-from .backends.base import Verdict
-from .checks import checks_for, task_result
+from ..backends.base import Verdict
+from ..judge.checks import checks_for, task_result
+from ..machine.availability import case_verdict
 from .task import run_task
 
 AXES = ("gate", "length", "scale")

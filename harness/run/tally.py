@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .exitrule import run_exit_status
-from .results import end_record
+from ..records.exitrule import run_exit_status
+from ..records.results import end_record
 
 
 @dataclass
@@ -24,7 +24,7 @@ class RunTally:
     """What the finished tasks of a run say. ``statuses``: results by status; per backend x op pair: cases
     executed, cases declined (with the first reason), backward cases that ran forward and whether their
     gradients were judged, declines inside the declared envelope; ``known_gone``: known issues that no longer
-    reproduce (``harness/known.py``)."""
+    reproduce (``harness/ci/known.py``)."""
 
     statuses: Counter = field(default_factory=Counter)
     executed: Counter = field(default_factory=Counter)
@@ -47,7 +47,7 @@ class RunTally:
         if summary.get("declined_inside_envelope"):
             inside = self.declined_inside.setdefault(pair, [0, case_id, summary.get("decline_reason", "")])
             inside[0] += 1
-        from .known import no_longer_reproduces  # packaging: not needed to merge or to close a run
+        from ..ci.known import no_longer_reproduces  # packaging: not needed to merge or to close a run
 
         for issue, outcome in (summary.get("known") or {}).items():
             if outcome == "gone":
@@ -65,7 +65,7 @@ class RunTally:
 
     def failures(self, required, verdicts) -> list[str]:
         """The required-mode failure lines (``required.required_failures``) of this tally."""
-        from .required import required_failures
+        from ..ci.required import required_failures
 
         return required_failures(
             required, verdicts, self.executed,

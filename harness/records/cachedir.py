@@ -1,5 +1,5 @@
 """deltacheck's cache directory, shared by what it keeps between runs (Triton's cache and FLA's autotune winners,
-harness/backends/fla/winners.py; the generated tiers, harness/tiers.py)."""
+harness/backends/fla/winners.py; the generated tiers, harness/ci/tiers.py)."""
 
 from __future__ import annotations
 

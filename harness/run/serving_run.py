@@ -1,7 +1,7 @@
 """Run the serving checks over the serving tier and the invariance checks over a training tier, for backends, and
 print per backend x check: run / passed / failed / declined (and reported, error). Issue 26's table.
 
-    python -m deltacheck.harness.serving_run --backend fla-recurrent --backend fla --tier L0 \
+    python -m deltacheck.harness.run.serving_run --backend fla-recurrent --backend fla --tier L0 \
         --serving-tier L0 --out results.json [--budget-s 60] [--checks causality,graph_replay] [--op kda]
 
 ``--budget-s`` stops starting new checks for a backend after that many seconds (what ran is kept and the rest is counted as
@@ -19,10 +19,10 @@ import time
 
 from deltacheck.cases.serving import check_for, serving_cases
 
-from .backends.base import backend_for
-from .environment import probe_env
-from .invariance_checks import INVARIANCE_CHECKS
-from .serving_checks import SERVING_CHECKS
+from ..backends.base import backend_for
+from ..judge.invariance_checks import INVARIANCE_CHECKS
+from ..judge.serving_checks import SERVING_CHECKS
+from ..machine.environment import probe_env
 
 ALL_CHECKS = (*SERVING_CHECKS, *INVARIANCE_CHECKS)
 
@@ -31,7 +31,7 @@ def plan(tier: str, serving_tier: str, checks, op=None) -> list[tuple[str, objec
     """(check, case) pairs: each serving case under the check it exists for, then every case of ``tier`` under
     each invariance check asked for, case by case (a budget then cuts cases, not whole checks; one compile serves
     the case's three checks)."""
-    from .tiers import select
+    from ..ci.tiers import select
 
     pairs = [(check_for(c), c) for c in serving_cases(serving_tier, op) if check_for(c) in checks]
     # The invariance checks judge forward calls: a backward or continuation case contributes its forward call.
@@ -84,7 +84,7 @@ def table(results: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deltacheck.harness.serving_run", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m deltacheck.harness.run.serving_run", description=__doc__.split("\n")[0])
     parser.add_argument("--backend", action="append", required=True)
     parser.add_argument("--tier", default="L0", help="training tier for the invariance checks ('' for none)")
     parser.add_argument("--serving-tier", default="L0")

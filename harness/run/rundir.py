@@ -18,13 +18,13 @@ from pathlib import Path
 
 from deltacheck import __version__
 
-from .availability import availability_records, backend_versions
-from .backends.base import Verdict
-from .results import SCHEMA, Result, ResultStream, fingerprint, fold_parts, read_records, utc_now
+from ..backends.base import Verdict
+from ..machine.availability import availability_records, backend_versions
+from ..records.results import SCHEMA, Result, ResultStream, fingerprint, fold_parts, read_records, utc_now
 
 # The repository root is the package root (pyproject maps "deltacheck" to "."), so this file's
-# grandparent is the checkout whose commit describes the code that ran.
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+# great-grandparent (harness/run/) is the checkout whose commit describes the code that ran.
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 class RunDirError(ValueError):

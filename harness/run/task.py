@@ -1,7 +1,7 @@
 """One task: a case against one backend, run and summarized. ``run_task`` drives the runner (which judges) and
 applies, as each result streams past, what only the task knows: the known-issues entries that cover the case and
 the envelope note on the ``forward`` result. The checks a task owes and the making of its Results are
-``harness/checks.py``'s.
+``harness/judge/checks.py``'s.
 
 ``deltacheck run`` (in-process or through ``pool`` workers), the pytest plugin and the frontier all reach it through
 ``session.RunSession``, so a case x backend is judged the same way whichever front runs it.
@@ -14,11 +14,17 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .availability import case_verdict, envelope_note
-from .backends.base import BackendLoadError, Verdict, backend_for
-from .checks import checks_for, grad_inputs, repro_command, task_result, unjudged_results  # noqa: F401 - re-exported
-from .known import applicable, mark_known, outcomes
-from .results import JUDGED, Result
+from ..backends.base import BackendLoadError, Verdict, backend_for
+from ..ci.known import applicable, mark_known, outcomes
+from ..judge.checks import (  # noqa: F401 - re-exported
+    checks_for,
+    grad_inputs,
+    repro_command,
+    task_result,
+    unjudged_results,
+)
+from ..machine.availability import case_verdict, envelope_note
+from ..records.results import JUDGED, Result
 
 
 @dataclass
@@ -122,6 +128,6 @@ def task_summary(results, known: dict | None = None) -> dict:
 
 def _ran(result: Result) -> bool:
     """The kernel ran and was judged. An ill-posed check (skipped because the same-precision baseline misses the
-    threshold too, harness/runner.py) ran as well: the case is unjudgeable at its dtype, the kernel refused
+    threshold too, harness/judge/runner.py) ran as well: the case is unjudgeable at its dtype, the kernel refused
     nothing, so it is neither a decline nor, in required mode, a refusal inside the envelope."""
     return result.status in JUDGED or (result.status == "skip" and bool(result.metrics.get("ill_posed")))

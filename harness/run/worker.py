@@ -1,4 +1,4 @@
-"""``python -m deltacheck.harness.worker``: the crash-isolated worker process of a run (the parent side is
+"""``python -m deltacheck.harness.run.worker``: the crash-isolated worker process of a run (the parent side is
 ``pool``). It reads a config line (``pool.worker_config``: results file, options, the run's pair verdicts) and then
 one task per line on its stdin (the parent sends the next after each ``DONE``); results stream to the file the
 config names, and each finished task is reported on the protocol pipe, never on stdout, which the kernel libraries
@@ -12,12 +12,12 @@ import sys
 import time
 
 from deltacheck.cases import Case
-from deltacheck.harness.availability import verdicts_from_json
-from deltacheck.harness.environment import probe_env
-from deltacheck.harness.pool import PROTOCOL_FD_ENV
-from deltacheck.harness.results import ResultStream
-from deltacheck.harness.runner import CaseRunner, RunOptions
-from deltacheck.harness.task import run_task, task_record, task_summary
+from deltacheck.harness.judge.runner import CaseRunner, RunOptions
+from deltacheck.harness.machine.availability import verdicts_from_json
+from deltacheck.harness.machine.environment import probe_env
+from deltacheck.harness.records.results import ResultStream
+from deltacheck.harness.run.pool import PROTOCOL_FD_ENV
+from deltacheck.harness.run.task import run_task, task_record, task_summary
 
 
 def worker_main() -> int:

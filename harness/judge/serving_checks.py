@@ -21,8 +21,8 @@ import torch
 from deltacheck.cases.inputs import make_inputs
 from deltacheck.reference import serving as sv
 
+from ..backends.serving import ServingCall
 from . import serving_inputs as si
-from .backends.serving import ServingCall
 from .compare import rel_rms, tolerance
 
 

@@ -6,7 +6,7 @@ own single call), ``grad_<input>`` (weighted loss on output and final state, aga
 through the reference), ``determinism`` (two runs, bitwise). Inputs handed to a backend sit inside
 larger buffers whose margins hold NaN, so an out-of-bounds read poisons the output and fails
 ``forward`` with a NaN count; an adapter that converts a layout or dtype makes its copy with the same
-margin (harness/margins.py ``with_margin``), so the margin survives in the layout the kernel reads. Any NaN in an output fails its check; an adapter that allocates an
+margin (harness/judge/margins.py ``with_margin``), so the margin survives in the layout the kernel reads. Any NaN in an output fails its check; an adapter that allocates an
 output itself should prefill it with NaN so an unwritten tail shows up the same way (today's cuDNN
 and FLA adapters do not allocate: the libraries do, with ``torch.empty``).
 """
@@ -27,8 +27,10 @@ import torch
 from deltacheck.cases import Case, make_inputs
 from deltacheck.reference import layouts
 
+from ..backends.base import Backend, Verdict, backend_for
+from ..ci.known import load_known_issues
+from ..records.results import Result
 from . import compare, margins
-from .backends.base import Backend, Verdict, backend_for
 from .checks import checks_for, grad_inputs, stage_checks, task_result
 from .expected import (
     F64,
@@ -41,9 +43,7 @@ from .expected import (
     synchronize,
     weighted_loss,
 )
-from .known import load_known_issues
 from .reductions import judge_reduction
-from .results import Result
 from .segments import (  # noqa: F401 - guarded and segment_inputs are imported from here by tests and adapters
     bitwise_equal,
     guarded,
@@ -62,7 +62,7 @@ class RunOptions:
     reference: str = "auto"  # oracle | chunked | auto
     baseline: bool = True  # compute the same-precision baseline for the FlashAttention criterion
     margin: int = 64  # NaN elements each side of every input buffer
-    known_issues: tuple[str, ...] = ()  # known-issues files (harness/known.py), loaded by every worker
+    known_issues: tuple[str, ...] = ()  # known-issues files (harness/ci/known.py), loaded by every worker
     threads: int | None = None  # torch threads in each process that runs tasks (cores.torch_threads); None: torch's
 
 
@@ -273,7 +273,7 @@ class CaseRunner:
 
     def _reduction(self, case, name, inputs, got, grads, exp) -> dict:
         """For a reduced parameter gradient (a_log, dt_bias): consistency with the backend's own dg, and the
-        limit widened to c * baseline(dg) * conditioning (harness/reductions.py)."""
+        limit widened to c * baseline(dg) * conditioning (harness/judge/reductions.py)."""
         if name not in ("a_log", "dt_bias"):
             return {}
         out = judge_reduction(case, name, inputs, got, grads.get("g"), exp.grads.get("g"))

@@ -24,9 +24,9 @@ from deltacheck.cases.matrix import envelope_cases, filter_cases
 from deltacheck.cases.matrix import generate_tier as generated_tier
 from deltacheck.cases.support import OP_SUPPORT, OPS
 
-from .availability import backend_envelope
-from .backends.table import TIER_TARGETS
-from .cachedir import cache_root
+from ..backends.table import TIER_TARGETS
+from ..machine.availability import backend_envelope
+from ..records.cachedir import cache_root
 
 
 def target_envelopes() -> list[EnvelopeUnion]:

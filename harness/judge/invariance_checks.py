@@ -9,7 +9,7 @@ import torch
 
 from deltacheck.cases.inputs import make_inputs
 
-from .backends.serving import ServingCall
+from ..backends.serving import ServingCall
 from .serving_checks import CheckResult, _guarded, _result, serving_decline
 
 TOKENWISE = ("q", "k", "v", "g", "beta", "w")

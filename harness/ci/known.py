@@ -1,7 +1,7 @@
 """Known issues, as data: checks a kernel is known (and reported) to fail, so a CI lane that tracks a real defect
 stays green — and goes red the day the defect is fixed, so the entry is noticed and removed.
 
-A table ships with the project (``harness/known_issues.toml``); users add files with
+A table ships with the project (``harness/ci/known_issues.toml``); users add files with
 ``DELTACHECK_KNOWN_ISSUES=FILE[:FILE...]`` (read by ``run``, ``verify`` and the pytest plugin) and
 ``deltacheck run --known-issues FILE``. TOML, one ``[[issue]]`` table per entry:
 
@@ -38,7 +38,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from deltacheck.cases.kexpr import KExprError, compile_k
 from deltacheck.cases.support import OPS
 
-from .environment import DIST_KEYS, version_in
+from ..machine.environment import DIST_KEYS, version_in
 
 try:
     import tomllib
@@ -163,7 +163,7 @@ def load_known_issues(paths: Iterable[str | os.PathLike], backends: Iterable[str
 
 
 def _check_backends(entries: list[KnownIssue], names: set[str]) -> None:
-    from .backends.base import registered
+    from ..backends.base import registered
 
     valid = set(registered()) | names
     for issue in entries:
@@ -175,7 +175,7 @@ def _check_backends(entries: list[KnownIssue], names: set[str]) -> None:
 def run_backend_names(specs: Iterable[str]) -> list[str]:
     """The specs and, for each that loads, its backend's ``name`` (what an entry's ``backend`` may say); a spec
     that cannot be loaded stays a result of the run, not an error here."""
-    from .availability import load_backend
+    from ..machine.availability import load_backend
 
     names = []
     for spec in specs:

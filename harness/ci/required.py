@@ -15,7 +15,7 @@ from typing import Any
 
 from deltacheck.cases.support import OPS
 
-from .backends.base import Verdict, registered
+from ..backends.base import Verdict, registered
 
 
 class RequiredModeError(Exception):

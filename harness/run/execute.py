@@ -18,14 +18,14 @@ from pathlib import Path
 
 from deltacheck.cases import Case
 
+from ..ci.known import format_known_report
+from ..ci.required import format_required_report, required_pairs
+from ..judge.checks import checks_for
+from ..judge.runner import CaseRunner, RunOptions
+from ..machine.environment import probe_env
+from ..records.exitrule import EXIT_NOTHING_RAN
+from ..records.results import latest_per_check, read_records
 from . import pool
-from .checks import checks_for
-from .environment import probe_env
-from .exitrule import EXIT_NOTHING_RAN
-from .known import format_known_report
-from .required import format_required_report, required_pairs
-from .results import latest_per_check, read_records
-from .runner import CaseRunner, RunOptions
 from .session import RunSession
 from .task import task_summary
 

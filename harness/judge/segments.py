@@ -1,6 +1,6 @@
 """What a task hands a backend and gets back, as tensors: inputs inside NaN-margined buffers (``guarded``), the
 continuation's segments of a case (``segment_inputs``, ``segment_case``), packing to thd, and run-to-run bitwise
-equality. The runner (``harness/runner.py``) calls these; they judge nothing."""
+equality. The runner (``harness/judge/runner.py``) calls these; they judge nothing."""
 
 from __future__ import annotations
 

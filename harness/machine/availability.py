@@ -19,7 +19,7 @@ from dataclasses import asdict
 from deltacheck.cases.envelope import EnvelopeUnion
 from deltacheck.cases.support import OPS
 
-from .backends.base import Backend, BackendLoadError, Verdict, backend_for
+from ..backends.base import Backend, BackendLoadError, Verdict, backend_for
 from .environment import version_below
 
 

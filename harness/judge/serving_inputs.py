@@ -14,7 +14,7 @@ import torch
 from deltacheck.cases.inputs import stream_seed
 from deltacheck.reference import serving as sv
 
-from .backends.reference import reference_arguments
+from ..backends.reference import reference_arguments
 
 POOL_SCALE = 0.5  # pool rows ~ N(0, 0.25): states of the magnitude a contractive recurrence keeps
 

@@ -1,0 +1,1 @@
+"""This machine: the environment probe, backend x op availability, each process's CPU share, the leak filter."""
