@@ -146,7 +146,7 @@ def test_ops_other_than_gdn_are_not_flashqlas():
 
 
 def test_the_envelope_holds_exactly_what_the_adapter_accepts():
-    from deltacheck.cases import select
+    from deltacheck.cases import select_generated as select
 
     b = backend()
     for case in select("L0", op="gdn"):

@@ -241,5 +241,8 @@ def test_an_unaligned_view_reaches_jax_as_an_aligned_copy():
     base = torch.zeros(1024, dtype=torch.float32)
     view = base[3:67]
     assert view.data_ptr() % bridge.XLA_ALIGNMENT
-    out = bridge.to_jax(FakeJax, view)
+    out = bridge.to_jax(FakeJax, view, align=True)
     assert seen == [0] and torch.equal(out, view)
+    seen.clear()
+    bridge.to_jax(FakeJax, view)  # a CPU tensor is handed over as it is (the refusal was XLA's on the GPU)
+    assert seen == [view.data_ptr() % bridge.XLA_ALIGNMENT]

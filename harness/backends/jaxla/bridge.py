@@ -56,15 +56,25 @@ def _sync_torch(x: torch.Tensor) -> None:
 XLA_ALIGNMENT = 256
 
 
-def to_jax(jax, x: torch.Tensor | None):
+def _aligned_copy(x: torch.Tensor) -> torch.Tensor:
+    """``x`` copied into a buffer whose first element sits on an ``XLA_ALIGNMENT`` boundary."""
+    nbytes = x.numel() * x.element_size()
+    raw = torch.empty(nbytes + XLA_ALIGNMENT, dtype=torch.uint8, device=x.device)
+    start = -raw.data_ptr() % XLA_ALIGNMENT
+    out = raw[start:start + nbytes].view(x.dtype).view(x.shape)
+    out.copy_(x)
+    return out
+
+
+def to_jax(jax, x: torch.Tensor | None, *, align: bool | None = None):
     """A torch tensor as a JAX array sharing its memory (contiguous first: DLPack carries strides, XLA wants
-    its own row-major layout; copied to a fresh allocation when its address is not 256-byte aligned, which XLA
-    requires); None stays None."""
+    its own row-major layout); a GPU tensor whose address is not 256-byte aligned, which XLA refuses, is copied to
+    an aligned buffer first (``align``: force the rule either way); None stays None."""
     if x is None:
         return None
     x = x.detach().contiguous()
-    if x.data_ptr() % XLA_ALIGNMENT:
-        x = x.clone()  # the caching allocator hands out 512-byte-aligned blocks
+    if (x.is_cuda if align is None else align) and x.data_ptr() % XLA_ALIGNMENT:
+        x = _aligned_copy(x)
     _sync_torch(x)
     return jax.dlpack.from_dlpack(x)
 
