@@ -10,6 +10,7 @@ in a function that raises, or a module double without the attribute.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,18 @@ class Library:
     version: str  # the installed version, or "unknown version"
     install: str  # e.g. "pip install -U 'nvidia-cudnn-frontend>=1.32'"
     not_installed: str  # the whole reason when the top-level package is absent
+
+
+def library_version(module: Any, dist: str, missing: str | None = None) -> str | None:
+    """A library's version: the imported module's ``__version__`` where it has one (what actually runs, also
+    from a source tree), else the installed distribution's metadata, else ``missing``."""
+    found = getattr(module, "__version__", None) if module is not None else None
+    if found is not None:
+        return str(found)
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return missing
 
 
 def load_entry_point(pair: str, op: str, module_name: str, attr: str, library: Library,

@@ -25,7 +25,6 @@ What a call goes through (FlashInfer 0.7.2; docs/libraries.md has the source lin
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import sys
 
 import torch
@@ -33,7 +32,7 @@ import torch
 from deltacheck.plugin import floors_then_library
 
 from ..base import LibraryContractError, Verdict
-from ..loading import Library, load_entry_point
+from ..loading import Library, library_version, load_entry_point
 from . import facts
 from .facts import DECODE_DIMS, ENTRY_POINTS, INSTALL_HINT, IO_DTYPES, PREFILL_DIMS
 
@@ -102,13 +101,7 @@ class FlashInferBackend:
 
     def version(self) -> str:
         source = sys.modules.get("flashinfer") if self._module is None else self._module
-        found = getattr(source, "__version__", None)
-        if found is None:
-            try:
-                found = importlib.metadata.version(facts.DIST)
-            except importlib.metadata.PackageNotFoundError:
-                found = "unknown version"
-        return str(found)
+        return library_version(source, facts.DIST, "unknown version")
 
     def _function(self):
         return getattr(self._import(self._entry[0]), self._entry[1])

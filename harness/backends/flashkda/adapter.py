@@ -24,7 +24,6 @@ Conventions (docs/libraries.md, "FlashKDA", has the source of each) and what the
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 
 import torch
 
@@ -33,7 +32,7 @@ from deltacheck.plugin import floors_then_library
 
 from ..base import Verdict
 from ..fla.adapter import _from_btd, _to_btd
-from ..loading import Library, load_entry_point
+from ..loading import Library, library_version, load_entry_point
 from . import facts
 from .facts import HEAD_DIM, STANDALONE, VLLM
 
@@ -64,13 +63,7 @@ class FlashKdaBackend:
         return torch.ops._flashkda_C if self.name == VLLM else module
 
     def version(self) -> str | None:
-        version = getattr(self._module, "__version__", None)
-        if version is not None:
-            return str(version)
-        try:
-            return importlib.metadata.version(facts.DISTS[self.name])
-        except importlib.metadata.PackageNotFoundError:
-            return None
+        return library_version(self._module, facts.DISTS[self.name])
 
     def pair_verdict(self, op: str, env) -> Verdict:
         return facts.pair_verdict(self.name, op, env)

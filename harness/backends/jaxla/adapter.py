@@ -26,7 +26,6 @@ than a silent fallback (``impl="mosaic_gpu"`` by name, never ``"auto"``). Import
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import sys
 
 import torch
@@ -34,7 +33,7 @@ import torch
 from deltacheck.plugin import floors_then_library
 
 from ..base import LibraryContractError, Verdict
-from ..loading import Library, load_entry_point
+from ..loading import Library, library_version, load_entry_point
 from . import bridge, facts
 from .facts import HEAD_DIMS, INSTALL_HINT, IO_DTYPES, KINDS
 
@@ -108,13 +107,7 @@ class JaxBackend:
 
     def version(self) -> str:
         source = sys.modules.get("jla") if self._module is None else self._module
-        found = getattr(source, "__version__", None)
-        if found is None:
-            try:
-                found = importlib.metadata.version(facts.DIST)
-            except importlib.metadata.PackageNotFoundError:
-                found = "unknown version"
-        return str(found)
+        return library_version(source, facts.DIST, "unknown version")
 
     def _ops(self):
         return self._import(facts.MODULE)

@@ -24,7 +24,6 @@ copy", gives the source line of each):
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import os
 
 import torch
@@ -35,7 +34,7 @@ from deltacheck.plugin import floors_then_library
 
 from ..base import Verdict
 from ..fla.adapter import _from_btd, _to_btd
-from ..loading import Library, load_entry_point
+from ..loading import Library, library_version, load_entry_point
 from . import facts
 from .facts import CHUNK, CHUNK_MAX_K, INSTALL_HINT, RECURRENT
 
@@ -65,13 +64,7 @@ class VllmFlaBackend:
         return self._importer(name)
 
     def version(self) -> str | None:
-        source = getattr(self._module, "__version__", None)
-        if source is not None:
-            return str(source)
-        try:
-            return importlib.metadata.version(facts.DIST)
-        except importlib.metadata.PackageNotFoundError:
-            return None
+        return library_version(self._module, facts.DIST)
 
     def pair_verdict(self, op: str, env) -> Verdict:
         return facts.pair_verdict(self.name, op, env)
