@@ -1,20 +1,27 @@
-"""The shared shape of the fused adapters (harness/backends/fused.py) and the FLA-convention layouts they share
-(harness/backends/layouts.py): each adapter states only what differs, the checks come in one order, the envelopes
-follow one rule, and the layout conversions are exact inverses."""
+"""The shapes the built-in adapters share: one ``pair_verdict(op, env)`` hook over one facts function
+``floors(backend, op, env)``; the fused adapters' base (harness/backends/fused.py), so each states only what
+differs, the checks come in one order and the envelopes follow one rule; the FLA-convention layouts
+(harness/backends/layouts.py), exact inverses."""
 
 from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+from pathlib import Path
 
 import pytest
 import torch
 
 from deltacheck.cases import Case
 from deltacheck.harness.backends import layouts
-from deltacheck.harness.backends.base import Verdict
+from deltacheck.harness.backends.base import Verdict, backend_for
 from deltacheck.harness.backends.flashinfer.adapter import FlashInferBackend
 from deltacheck.harness.backends.flashkda import FlashKdaBackend
 from deltacheck.harness.backends.flashqla.adapter import FlashQlaBackend
 from deltacheck.harness.backends.fused import FusedAdapter
 from deltacheck.harness.backends.jaxla.adapter import JaxBackend
+from deltacheck.harness.backends.table import BUILTINS
 from deltacheck.harness.backends.vllm_fla import VllmFlaBackend
 from deltacheck.harness.machine.environment import Env
 
@@ -28,6 +35,7 @@ ADAPTERS = {
     "flashinfer-decode": lambda: FlashInferBackend(decode=True),
     "jax": lambda: JaxBackend(),
 }
+ROOT = Path(__file__).resolve().parent.parent
 SHARED = ("check", "load", "pair_verdict", "envelopes", "_library_verdict")
 
 
@@ -112,3 +120,39 @@ def test_states_go_key_major_fp32_and_come_back_widened():
     assert layouts.state_widened_to_fp32(state).dtype == torch.float32
     wide = torch.randn(2, dtype=torch.float64)
     assert layouts.state_widened_to_fp32(wide) is wide
+
+
+# ================================================================================ one pair_verdict signature
+
+def _defs(name: str):
+    for path in sorted((ROOT / "harness").rglob("*.py")) + [ROOT / "plugin.py"]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef) and node.name == name:
+                yield f"{path.relative_to(ROOT)}:{node.lineno}", [a.arg for a in node.args.args]
+
+
+def test_every_pair_verdict_is_the_documented_hook():
+    """``pair_verdict`` means one thing: the backend hook ``(op, env)`` (base.BackendHooks, docs/backends.md); the
+    facts modules' floors, which need the backend's name, are ``floors(backend, op, env)`` everywhere."""
+    hooks = dict(_defs("pair_verdict"))
+    assert hooks and {where: args for where, args in hooks.items() if args != ["self", "op", "env"]} == {}
+    floors = dict(_defs("floors"))
+    assert len(floors) == sum(1 for entry in BUILTINS if entry.floors)
+    assert {where: args for where, args in floors.items() if args != ["backend", "op", "env"]} == {}
+
+
+ENVS = [Env(cuda=False), Env(cuda=True, device_name="NVIDIA H200", capability=(9, 0)),
+        Env(cuda=True, device_name="NVIDIA B200", capability=(10, 0))]
+
+
+@pytest.mark.parametrize("entry", [e for e in BUILTINS if e.floors], ids=lambda e: e.package)
+def test_the_tables_floors_are_what_each_hook_returns(entry):
+    module, _, attr = entry.floors.partition(":")
+    floors = getattr(importlib.import_module(module), attr)
+    assert list(inspect.signature(floors).parameters) == ["backend", "op", "env"]
+    for name in (n for n in entry.names if not n.endswith("@*")):
+        backend = backend_for(name)
+        assert list(inspect.signature(backend.pair_verdict).parameters) == ["op", "env"]
+        for op in sorted(backend.ops):  # availability asks the floors only for the ops a backend serves
+            for env in ENVS:
+                assert backend.pair_verdict(op, env) == floors(name, op, env), (name, op, env.device())

@@ -9,7 +9,7 @@ GPU, only those that cover that GPU's architecture.
 
 A subclass states:
 
-- ``name``, ``ops``, ``version_key`` and ``facts`` (the facts module: ``pair_verdict(backend, op, env)``);
+- ``name``, ``ops``, ``version_key`` and ``facts`` (the facts module: ``floors(backend, op, env)``);
 - ``dist``, ``install``, ``not_installed``: how a decline names the library and its install line;
 - ``entry_points``: op -> (module, attribute) that ``load`` looks up;
 - ``version()``, and ``_import(name)`` where importing needs more than the importer (a cache directory, a double);
@@ -57,7 +57,7 @@ class FusedAdapter:
     # ------------------------------------------------------------------ can it run?
     def pair_verdict(self, op: str, env) -> Verdict:
         """Our floors for ``op`` from the Env alone (the facts module); no import of the library."""
-        return self.facts.pair_verdict(self.name, op, env)
+        return self.facts.floors(self.name, op, env)
 
     def check(self, case, env) -> Verdict:
         return floors_then_library(self.pair_verdict(case.op, env), lambda: self._library_verdict(case))

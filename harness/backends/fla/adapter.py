@@ -26,7 +26,6 @@ Our floors and the entry points live beside this file, in ``facts.py``.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import os
 import sys
 
@@ -36,7 +35,7 @@ from deltacheck.plugin import floors_then_library
 
 from ..base import Verdict
 from ..layouts import from_btd, state_to_key_major_fp32, state_widened_to_fp32, to_btd
-from ..loading import Library, load_entry_point
+from ..loading import Library, library_version, load_entry_point
 from . import facts, winners
 from .facts import CHUNK, INSTALL_HINT, RECURRENT
 from .serving import FlaServing
@@ -108,13 +107,7 @@ class FlaBackend(FlaServing):
 
     def _version(self) -> str:
         source = self._module if self._module is not None else sys.modules.get("fla")
-        version = getattr(source, "__version__", None)
-        if version is None:
-            try:
-                version = importlib.metadata.version("fla-core")
-            except importlib.metadata.PackageNotFoundError:
-                version = "unknown version"
-        return str(version)
+        return library_version(source, "fla-core", "unknown version")
 
     def _hopper_guard(self) -> str | None:
         """FLA's own refusal of the gated backward on Hopper (fla/ops/common/chunk_o.py, issue #640).
@@ -159,7 +152,7 @@ class FlaBackend(FlaServing):
     # ------------------------------------------------------------------ can it run?
     def pair_verdict(self, op: str, env) -> Verdict:
         """Our floors for this flavour and op from the Env alone (facts.py); no import of FLA."""
-        return facts.pair_verdict(self.name, op, env)
+        return facts.floors(self.name, op, env)
 
     def envelopes(self, op: str, env=None, sm: int | None = None):
         """FLA's envelope for ``op`` (any CUDA GPU; ``sm`` does not narrow it); on ``env``, without a GPU none,
