@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import torch
 
 from deltacheck.cases import Case, make_inputs
-from deltacheck.reference import layouts
 
 from ..backends.base import Backend, Verdict, backend_for
 from ..ci.known import load_known_issues
@@ -48,9 +47,7 @@ from .segments import (  # noqa: F401 - guarded and segment_inputs are imported 
     bitwise_equal,
     guarded,
     offsets_of,
-    out_empty,
-    prefix_sums,
-    segment_case,
+    run_in_segments,
     segment_inputs,
     to_packed,
 )
@@ -339,7 +336,7 @@ class CaseRunner:
             results.add(*(base(check=c, status="fail", reason=reason) for c in ("continuation_ref", "continuation_self")))
             return
         with self._phase("continuation"):
-            chained_out, chained_state = self._continuation(case, backend, inputs)
+            chained_out, chained_state = run_in_segments(case, backend, inputs)
         results.add(self._judge(case, "out", "continuation_ref", chained_out, exp.out,
                                    exp.baseline_err.get("out"), base, 0.0, offsets))
         r = self._judge(case, "out", "continuation_self", chained_out, packed, None, base, 0.0)
@@ -368,42 +365,6 @@ class CaseRunner:
             results.add(base(check="determinism", status="fail",
                                   reason=f"two runs differ (output rel RMS {diff:.3e} between runs)",
                                   metrics={"rel_rms": diff}))
-
-    def _continuation(self, case, backend, inputs):
-        outs_by_seg = []
-        state_vk = inputs.get("initial_state")
-        state_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[case.state_dtype]
-        n_seg = len(case.segments(case.seqlens[0]))
-        seg_lens = []
-        with torch.no_grad():
-            for s in range(n_seg):
-                seg, lens = segment_inputs(case, {n: (x.detach() if x is not None else None) for n, x in inputs.items()}, s)
-                seg_lens.append(lens)
-                if sum(lens) == 0:  # every sequence already ended: nothing to call, the state carries over
-                    outs_by_seg.append(out_empty(inputs, case))
-                    continue
-                seg["initial_state"] = state_vk
-                sub = segment_case(case, lens)
-                o, st = backend.run(sub, seg)
-                want = (case.N, case.HO, case.K, case.V)
-                if tuple(st.shape) != want:
-                    raise ValueError(f"backend returned final_state of shape {list(st.shape)}; the contract is "
-                                     f"float32 key-major [N, HO, K, V] = {list(want)}")
-                outs_by_seg.append(to_packed(o, sub).to(F64))
-                # Carry the state the way a framework stores it: value-major, in the state dtype.
-                state_vk = layouts.state_convert(st.float(), "kv", "vk").to(state_dtype)
-        # Re-interleave segments back into each sequence's token order.
-        pieces = []
-        seg_offsets = [prefix_sums(lens) for lens in seg_lens]
-        for n in range(case.N):
-            for s in range(n_seg):
-                a, b = seg_offsets[s][n], seg_offsets[s][n + 1]
-                pieces.append(outs_by_seg[s][a:b])
-        if state_vk is None:  # no segment had a token and there was no initial state
-            final = torch.zeros(case.N, case.HO, case.K, case.V, dtype=F64, device=inputs["q"].device)
-        else:
-            final = layouts.state_convert(state_vk, "vk", "kv").to(F64)
-        return torch.cat(pieces), final
 
 
 def _fmt(x) -> str:

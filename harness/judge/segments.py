@@ -1,6 +1,7 @@
 """What a task hands a backend and gets back, as tensors: inputs inside NaN-margined buffers (``guarded``), the
-continuation's segments of a case (``segment_inputs``, ``segment_case``), packing to thd, and run-to-run bitwise
-equality. The runner (``harness/judge/runner.py``) calls these; they judge nothing."""
+continuation's segments of a case (``segment_inputs``, ``segment_case``) and the chained call over them
+(``run_in_segments``), packing to thd, and run-to-run bitwise equality. The runner (``harness/judge/runner.py``) calls
+these; they judge nothing."""
 
 from __future__ import annotations
 
@@ -86,3 +87,43 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def out_empty(inputs: dict, case: Case) -> torch.Tensor:
     return torch.zeros(0, case.HO, case.V, dtype=F64, device=inputs["q"].device)
+
+
+def run_in_segments(case: Case, backend, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The continuation: ``case`` split at its points and run one segment after another, each segment starting from
+    the state the previous one returned, carried as a framework stores it (value-major, in the case's state dtype).
+    Returns the output packed to thd in token order (fp64) and the last final state, key-major fp64."""
+    outs_by_seg = []
+    state_vk = inputs.get("initial_state")
+    state_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[case.state_dtype]
+    n_seg = len(case.segments(case.seqlens[0]))
+    seg_lens = []
+    with torch.no_grad():
+        for s in range(n_seg):
+            seg, lens = segment_inputs(case, {n: (x.detach() if x is not None else None) for n, x in inputs.items()}, s)
+            seg_lens.append(lens)
+            if sum(lens) == 0:  # every sequence already ended: nothing to call, the state carries over
+                outs_by_seg.append(out_empty(inputs, case))
+                continue
+            seg["initial_state"] = state_vk
+            sub = segment_case(case, lens)
+            o, st = backend.run(sub, seg)
+            want = (case.N, case.HO, case.K, case.V)
+            if tuple(st.shape) != want:
+                raise ValueError(f"backend returned final_state of shape {list(st.shape)}; the contract is "
+                                 f"float32 key-major [N, HO, K, V] = {list(want)}")
+            outs_by_seg.append(to_packed(o, sub).to(F64))
+            # Carry the state the way a framework stores it: value-major, in the state dtype.
+            state_vk = layouts.state_convert(st.float(), "kv", "vk").to(state_dtype)
+    # Re-interleave segments back into each sequence's token order.
+    pieces = []
+    seg_offsets = [prefix_sums(lens) for lens in seg_lens]
+    for n in range(case.N):
+        for s in range(n_seg):
+            a, b = seg_offsets[s][n], seg_offsets[s][n + 1]
+            pieces.append(outs_by_seg[s][a:b])
+    if state_vk is None:  # no segment had a token and there was no initial state
+        final = torch.zeros(case.N, case.HO, case.K, case.V, dtype=F64, device=inputs["q"].device)
+    else:
+        final = layouts.state_convert(state_vk, "vk", "kv").to(F64)
+    return torch.cat(pieces), final
