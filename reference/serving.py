@@ -10,7 +10,8 @@ What each function computes and where each convention comes from: ``docs/serving
 - ``state_series`` / ``checkpoints``: the state after every token; cuDNN's every-N-token checkpoint rows.
 - ``spec_verify`` / ``picked_state``: vLLM's per-token in-place mode (``ssm_state_indices [N, T]``,
   ``num_accepted_tokens``).
-- ``compare_pool``: the pool-integrity comparison (addressed rows within a tolerance, every other row bitwise).
+- ``compare_pool``: the pool-integrity comparison (addressed rows within a tolerance, every other row bitwise),
+  with the null-slot conventions (``NullSlot``, ``VLLM``, ``SGLANG``, ``CUDNN``): ``pools.py``, re-exported here.
 """
 
 from __future__ import annotations
@@ -22,77 +23,22 @@ import torch
 from . import layouts
 from .layouts import ReferenceInputError
 from .ops import gdn, gdn2, gdp, kda
+from .pools import (  # the pools' conventions and their comparison, offered here as they always were
+    CUDNN,
+    NULL_SLOT_KINDS,
+    SGLANG,
+    VLLM,
+    NullSlot,
+    PoolComparison,
+    check_state_indices,
+    compare_pool,
+    is_null,
+    written_rows,
+)
 
 __all__ = ["CUDNN", "NULL_SLOT_KINDS", "SGLANG", "VLLM", "NullSlot", "PoolComparison", "Served", "checkpoint_rows",
            "checkpoints", "compare_pool", "decode_chain", "decode_step", "picked_state", "pooled", "spec_verify",
            "state_series", "check_state_indices", "written_rows"]
-
-NULL_SLOT_KINDS = ("zero_index_is_null", "minus_one_is_padding")
-
-
-@dataclass(frozen=True)
-class NullSlot:
-    """A library's null-slot convention, as data.
-
-    ``"zero_index_is_null"`` (vLLM's FLA copy, ``NULL_BLOCK_ID = 0``): every id <= 0 is null; real rows are
-    1 .. N_pool-1. ``"minus_one_is_padding"`` (SGLang): -1 is padding; real rows are 0 .. N_pool-1. ``None`` in
-    place of a NullSlot (cuDNN): every index is a real row. A null sequence starts from a zero state and writes
-    nothing to the pool.
-    """
-
-    kind: str
-
-    def __post_init__(self):
-        if self.kind not in NULL_SLOT_KINDS:
-            raise ReferenceInputError(f"null_slot: kind must be one of {NULL_SLOT_KINDS}, got {self.kind!r}")
-
-    def is_null(self, index: int) -> bool:
-        return index <= 0 if self.kind == "zero_index_is_null" else index == -1
-
-    def first_real(self) -> int:
-        return 1 if self.kind == "zero_index_is_null" else 0
-
-
-VLLM = NullSlot("zero_index_is_null")
-SGLANG = NullSlot("minus_one_is_padding")
-CUDNN = None
-
-
-def _is_null(null_slot, index: int) -> bool:
-    return null_slot is not None and null_slot.is_null(index)
-
-
-def check_state_indices(indices, n_pool: int, null_slot=None, *, name: str = "state_indices") -> list:
-    """Validate an index table (any shape) against a pool of ``n_pool`` rows; returns it as nested lists of ints.
-
-    Non-null entries lie in the convention's real range and are pairwise distinct: two sequences (or two tokens)
-    naming one row make the row's final content depend on the write order, which no library defines."""
-    if null_slot is not None and not isinstance(null_slot, NullSlot):
-        raise ReferenceInputError(f"null_slot: expected a NullSlot or None, got {null_slot!r}")
-    if not isinstance(indices, torch.Tensor) or indices.is_floating_point() or indices.is_complex() \
-            or indices.dtype == torch.bool:
-        raise ReferenceInputError(f"{name}: expected an integer torch.Tensor, got "
-                                  f"{getattr(indices, 'dtype', type(indices).__name__)}")
-    table = indices.tolist()
-    lo = null_slot.first_real() if null_slot is not None else 0
-    seen = {}
-    flat = indices.reshape(-1).tolist()
-    positions = [tuple(p) for p in torch.ones_like(indices).nonzero().tolist()]
-    for pos, idx in zip(positions, flat):
-        if _is_null(null_slot, idx):
-            continue
-        if not lo <= idx < n_pool:
-            conv = "no null slot (cuDNN)" if null_slot is None else f"null slot convention {null_slot.kind!r}"
-            raise ReferenceInputError(
-                f"{name}{list(pos)} = {idx}: out of range; a real row lies in [{lo}, {n_pool}) for a pool of "
-                f"{n_pool} rows under {conv}")
-        if idx in seen:
-            raise ReferenceInputError(
-                f"{name}{list(pos)} = {idx}: repeats {name}{list(seen[idx])}; one row addressed twice in one call is "
-                "ambiguous (its final content would depend on the write order)")
-        seen[idx] = pos
-    return table
-
 
 # --- the ops' token-wise arguments ------------------------------------------------------------------------------
 
@@ -190,7 +136,7 @@ def pooled(op, pool, state_indices, *tensors, cu_seqlens=None, null_slot=None, *
         raise ReferenceInputError(f"state_indices: expected a 1-D integer tensor [N={N}], got "
                                   f"{getattr(state_indices, 'shape', type(state_indices).__name__)}")
     idx = check_state_indices(state_indices, pool.shape[0], null_slot)
-    null = tuple(_is_null(null_slot, i) for i in idx)
+    null = tuple(is_null(null_slot, i) for i in idx)
     base = pool.to(kw["compute_dtype"])
     h0 = torch.stack([torch.zeros_like(base[0]) if z else base[i] for i, z in zip(idx, null)])
     out, final = _call(name, tensors, cu_seqlens, h0, kw)
@@ -359,14 +305,14 @@ def spec_verify(op, pool, ssm_state_indices, *tensors, cu_seqlens=None, num_acce
     one = torch.tensor([0, 1], dtype=torch.int32)
     for n, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
         slot0 = table[n][start[n]]
-        skip = _is_null(null_slot, slot0)
+        skip = is_null(null_slot, slot0)
         null.append(skip)
         h = torch.zeros_like(base[:1]) if skip else base[slot0:slot0 + 1]
         for t in range(a, b):
             o, h = _call(name, _tokens(tensors, t, t + 1), one, h, kw)
             outs.append(o)
             slot = table[n][t - a]
-            if not skip and not _is_null(null_slot, slot):
+            if not skip and not is_null(null_slot, slot):
                 new[slot] = h[0]
                 written.append(slot)
     out = torch.cat(outs) if outs else None
@@ -378,57 +324,3 @@ def picked_state(pool, ssm_state_indices, num_accepted_tokens) -> torch.Tensor:
     i.e. the state after the first ``num_accepted_tokens[n]`` tokens of the verified call."""
     rows = [int(ssm_state_indices[n, a - 1]) for n, a in enumerate(num_accepted_tokens.tolist())]
     return pool[rows]
-
-
-# --- pool integrity ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class PoolComparison:
-    """``addressed_err``: the largest ``|actual - expected| / (atol + rtol |expected|)`` over written rows (<= 1
-    passes); ``changed_rows``: rows not written whose bits differ from the input pool; ``ok`` both hold."""
-
-    addressed_err: float
-    bad_rows: tuple
-    changed_rows: tuple
-
-    @property
-    def ok(self) -> bool:
-        return not self.bad_rows and not self.changed_rows
-
-
-def compare_pool(actual, expected, before, written, *, atol: float, rtol: float) -> PoolComparison:
-    """Compare a kernel's pool after a call (``actual``) with the reference's (``expected``): each row in
-    ``written`` within ``atol + rtol |expected|`` elementwise; every other row bit-identical to ``before`` (the pool
-    the kernel was given, same dtype as ``actual``)."""
-    if actual.shape != expected.shape or actual.shape != before.shape:
-        raise ReferenceInputError(f"compare_pool: shapes differ: actual {list(actual.shape)}, expected "
-                                  f"{list(expected.shape)}, before {list(before.shape)}")
-    written = sorted({int(i) for i in written})
-    worst, bad = 0.0, []
-    for r in written:
-        e = expected[r].to(torch.float64)
-        a = actual[r].to(torch.float64)
-        ratio = ((a - e).abs() / (atol + rtol * e.abs()))
-        ratio = torch.where(torch.isfinite(a), ratio, torch.full_like(ratio, float("inf")))
-        m = float(ratio.max()) if ratio.numel() else 0.0
-        worst = max(worst, m)
-        if not m <= 1.0:
-            bad.append(r)
-    keep = [r for r in range(actual.shape[0]) if r not in set(written)]
-    changed = [r for r in keep if not _bitwise_equal(actual[r], before[r])]
-    return PoolComparison(worst, tuple(bad), tuple(changed))
-
-
-def written_rows(state_indices, null_slot=None) -> list[int]:
-    """The rows a ``pooled`` / ``spec_verify`` call writes: every non-null entry of the table."""
-    flat = state_indices.reshape(-1).tolist()
-    return [i for i in flat if not _is_null(null_slot, i)]
-
-
-def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if a.element_size() in (1, 2, 4, 8):
-        view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-        return bool(torch.equal(a.contiguous().view(view), b.contiguous().view(view)))
-    return bool(torch.equal(a, b))
