@@ -18,7 +18,15 @@ from dataclasses import dataclass
 import torch
 
 from . import layouts
-from .checks import check_devices, check_dtypes, check_finite, check_linear_gate
+from .checks import (
+    check_devices,
+    check_dtypes,
+    check_finite,
+    check_initial_state,
+    check_linear_gate,
+    check_shapes,
+    check_tensor,
+)
 from .flags import (
     DEFAULT_GATE_LOWER_BOUND,
     L2NORM_EPS,
@@ -55,15 +63,6 @@ _SPECS = {
 }
 
 
-def _check_tensor(name: str, x, *, ndim: int | None = None) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise ReferenceInputError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise ReferenceInputError(f"{name}: expected a floating-point tensor, got {x.dtype}")
-    if ndim is not None and x.dim() != ndim:
-        raise ReferenceInputError(f"{name}: expected {ndim} dims, got shape {tuple(x.shape)}")
-
-
 def _run(
     spec: _OpSpec,
     q, k, v, g, beta, w, cu_seqlens, *,
@@ -93,7 +92,7 @@ def _run(
         tokenwise["w"] = w
     feat_ndim = {"q": 1, "k": 1, "v": 1, "g": len(spec.g_feat), "beta": len(spec.beta_feat), "w": 1}
     for name, x in tokenwise.items():
-        _check_tensor(name, x)
+        check_tensor(name, x)
         want = (3 if layout != "thd" else 2) + feat_ndim[name]
         if x.dim() != want:
             raise ReferenceInputError(
@@ -117,44 +116,8 @@ def _run(
     w = tokenwise.get("w")
 
     # --- shapes ----------------------------------------------------------------------------------
-    T, H, K = q.shape
-    if k.shape[0] != T or v.shape[0] != T:
-        raise ReferenceInputError(f"k, v: token counts {k.shape[0]}, {v.shape[0]} do not match q's {T}")
-    HK, HV, V = k.shape[1], v.shape[1], v.shape[2]
-    if k.shape[2] != K:
-        raise ReferenceInputError(f"k: head dim {k.shape[2]} does not match q's K={K}")
-    if min(H, HK, HV, K, V) < 1:
-        raise ReferenceInputError(f"q/k/v: head counts and dims must be >= 1, got H={H} HK={HK} HV={HV} K={K} V={V}")
+    T, H, K, HV, V = check_shapes(spec, q, k, v, g, beta, w, safe_gate=safe_gate, a_log=a_log, dt_bias=dt_bias)
     HO = max(H, HV)
-    if HO % min(H, HV):
-        raise ReferenceInputError(
-            f"heads: the larger of H={H} (q) and HV={HV} (v) must be a multiple of the smaller"
-        )
-    if HK not in (H, HV):
-        raise ReferenceInputError(f"k: head count HK={HK} must equal H={H} (q) or HV={HV} (v)")
-    dims = {"": (), "K": (K,)}
-    expect = {
-        "g": ((T, HO, *dims[spec.g_feat]), "[T, HO" + (", K]" if spec.g_feat else "]")),
-        "beta": ((T, HO, *dims[spec.beta_feat]), "[T, HO" + (", K]" if spec.beta_feat else "]")),
-    }
-    if spec.has_w:
-        expect["w"] = ((T, HO, V), "[T, HO, V]")
-    for name, (shape, symbolic) in expect.items():
-        x = {"g": g, "beta": beta, "w": w}[name]
-        if tuple(x.shape) != shape:
-            raise ReferenceInputError(
-                f"{name}: expected shape {symbolic}={list(shape)} (thd) for {spec.name}, got {list(x.shape)}"
-            )
-    if safe_gate:
-        if a_log is not None:
-            _check_tensor("a_log", a_log)
-            if tuple(a_log.shape) != (HO,):
-                raise ReferenceInputError(f"a_log: expected shape [HO]=[{HO}], got {list(a_log.shape)}")
-        if dt_bias is not None:
-            _check_tensor("dt_bias", dt_bias)
-            want = (HO, *dims[spec.dt_bias_feat])
-            if tuple(dt_bias.shape) != want:
-                raise ReferenceInputError(f"dt_bias: expected shape {list(want)} for {spec.name}, got {list(dt_bias.shape)}")
 
     if layout == "thd":
         if cu_seqlens is None:
@@ -165,14 +128,7 @@ def _run(
         offsets = [i * length for i in range(n_dense + 1)]
     N = len(offsets) - 1
 
-    if initial_state is not None:
-        _check_tensor("initial_state", initial_state)
-        want = (N, HO, V, K) if state_layout == "vk" else (N, HO, K, V)
-        if tuple(initial_state.shape) != want:
-            raise ReferenceInputError(
-                f"initial_state: expected shape {list(want)} ([N, HO, {'V, K' if state_layout == 'vk' else 'K, V'}],"
-                f" state_layout={state_layout!r}), got {list(initial_state.shape)}"
-            )
+    check_initial_state(initial_state, (N, HO, K, V), state_layout)
     check_devices({**given, "initial_state": initial_state, "a_log": a_log, "dt_bias": dt_bias})
     check_dtypes(q, k, v, beta, w)
     if not allow_nonfinite:
@@ -354,11 +310,11 @@ def gdp(
     if layout != "thd":
         raise ReferenceInputError(f"layout: gdp takes packed 'thd' tensors only (as cuDNN), got {layout!r}")
     n = num_householder
-    _check_tensor("q", q, ndim=3)
+    check_tensor("q", q, ndim=3)
     T = q.shape[0]
     subtoken = {}
     for name, x, rank in (("k", k, 3), ("v", v, 3), ("beta", beta, 2)):
-        _check_tensor(name, x)
+        check_tensor(name, x)
         if x.dim() == rank + 1:  # token-major [T, n, ...]
             if tuple(x.shape[:2]) != (T, n):
                 raise ReferenceInputError(
@@ -369,7 +325,7 @@ def gdp(
                 f"{name}: expected {rank} dims with T*n = {T * n} rows (or token-major [T, n, ...]), "
                 f"got {list(x.shape)}")
         subtoken[name] = x
-    _check_tensor("g", g, ndim=2)
+    check_tensor("g", g, ndim=2)
     HO = g.shape[1]
     check_flags(_SPECS["gdn"], use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                  allow_neg_eigval=allow_neg_eigval, gate_domain=gate_domain, safe_gate=safe_gate,
