@@ -225,13 +225,13 @@ def test_cudnn_adapter_gradients_match_oracle(open_gate, op):
 def test_cudnn_transposed_state_is_caught(open_gate, monkeypatch):
     case = _cases("gdn2")[2]  # K == V: the transposed state has the right shape, wrong values
     assert agrees(cudnn_backend(), case)
-    monkeypatch.setattr(cudnn_adapter, "_state_from_cudnn", lambda s: s.float())
+    monkeypatch.setattr(cudnn_adapter, "state_from_cudnn", lambda s: s.float())
     assert fails(cudnn_backend(), case)
 
 
 def test_cudnn_transposed_initial_state_is_caught(open_gate, monkeypatch):
     case = _cases("kda")[2]  # K == V
-    monkeypatch.setattr(cudnn_adapter, "_state_to_cudnn",
+    monkeypatch.setattr(cudnn_adapter, "state_to_cudnn",
                         lambda s: None if s is None else s.transpose(-1, -2).contiguous())
     assert fails(cudnn_backend(), case)
 
@@ -241,8 +241,8 @@ def test_cudnn_mispacked_thd_is_caught(open_gate, monkeypatch, op):
     """bshd packed as if it were sbhd (the classic batch/sequence mix-up)."""
     case = _cases(op)[1].replace(seqlens=(5, 5, 5))
     assert agrees(cudnn_backend(), case)
-    real = cudnn_adapter._to_thd
-    monkeypatch.setattr(cudnn_adapter, "_to_thd", lambda x, layout: real(x, "sbhd" if layout == "bshd" else layout))
+    real = cudnn_adapter.to_thd
+    monkeypatch.setattr(cudnn_adapter, "to_thd", lambda x, layout: real(x, "sbhd" if layout == "bshd" else layout))
     assert fails(cudnn_backend(), case)
 
 
@@ -348,12 +348,12 @@ def test_cudnn_conversions_are_recorded():
     io = torch.bfloat16
     tensors = {"g": torch.zeros(3, 2, dtype=torch.float64), "beta": torch.zeros(3, 2, 4, dtype=torch.float32),
                "w": torch.zeros(3, 2, 4, dtype=io), "initial_state": torch.zeros(1, 2, 4, 4)}
-    out, notes = cudnn_adapter._conform("gdn2", tensors, io)
+    out, notes = cudnn_adapter.conform("gdn2", tensors, io)
     assert out["beta"].dtype == io and out["g"].dtype == torch.float32 and out["w"] is tensors["w"]
     assert out["initial_state"] is tensors["initial_state"]
     assert len(notes) == 2 and any(n.startswith("beta cast fp32 -> bf16") for n in notes)
     # GDN/KDA accept an fp32 beta as it is.
-    assert cudnn_adapter._conform("kda", {"beta": tensors["beta"]}, io)[1] == []
+    assert cudnn_adapter.conform("kda", {"beta": tensors["beta"]}, io)[1] == []
 
 
 def test_importing_adapters_imports_no_library():

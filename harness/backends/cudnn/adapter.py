@@ -35,106 +35,16 @@ import os
 
 import torch
 
-from deltacheck.harness.judge.margins import with_margin
 from deltacheck.plugin import floors_then_library
 
 from ..base import Verdict
 from ..loading import Library, library_version, load_entry_point
 from . import facts
 from .facts import ENTRY_POINTS, INSTALL_HINT
+from .packing import conform, from_thd, op_keywords, state_from_cudnn, state_to_cudnn, to_thd
 from .serving import CudnnServing
 
 PLAN_ENV = "DELTACHECK_CUDNN_PLAN"
-
-_F32, _BF16, _F16 = torch.float32, torch.bfloat16, torch.float16
-
-
-def _accepted_dtypes(op: str, name: str, io: torch.dtype) -> tuple[torch.dtype, ...]:
-    """The dtypes FE 1.32 accepts for one argument (ops/{gdn,kda,gdn2,gdp}.py ``check_dtype`` calls).
-
-    q/k/v are not listed: their dtype *is* the case (an fp32-io case is for the engines to decline).
-    """
-    if name in ("g", "a_log", "dt_bias", "initial_state"):
-        return (_F32, _BF16, _F16)
-    if name == "beta":
-        return (io,) if op == "gdn2" else (_F32, io)
-    if name == "w":
-        return (io,)
-    raise KeyError(name)
-
-
-def _to_thd(x: torch.Tensor, layout: str) -> torch.Tensor:
-    """Case layout -> packed ``[N*L, heads, *feat]``: move to bshd, then flatten batch and sequence; contiguous
-    between NaN margins (a transposed layout is copied into a margin-bearing buffer, harness/judge/margins.py)."""
-    if layout == "thd":
-        return with_margin(x)
-    if layout == "sbhd":
-        x = x.transpose(0, 1)
-    elif layout == "bhsd":
-        x = x.transpose(1, 2)
-    x = with_margin(x)  # contiguous bshd: the flattening below is a view of the same buffer
-    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
-
-
-def _from_thd(o: torch.Tensor, layout: str, n_seqs: int) -> torch.Tensor:
-    """Packed ``[N*L, HO, V]`` -> the case's layout (inverse of ``_to_thd``)."""
-    if layout == "thd":
-        return o
-    o = o.reshape(n_seqs, o.shape[0] // n_seqs, *o.shape[1:])  # bshd
-    if layout == "sbhd":
-        return o.transpose(0, 1)
-    if layout == "bhsd":
-        return o.transpose(1, 2)
-    return o
-
-
-def _state_to_cudnn(state: torch.Tensor | None) -> torch.Tensor | None:
-    """make_inputs already gives cuDNN's value-major ``[N, HO, V, K]``; only contiguity is ensured."""
-    return with_margin(state)
-
-
-def _state_from_cudnn(state: torch.Tensor) -> torch.Tensor:
-    """cuDNN ``[N, HO, V, K]`` -> key-major ``[N, HO, K, V]``; bf16/fp16 states widen to fp32 (exact)."""
-    state = state.transpose(-1, -2)
-    return state.float() if state.dtype in (_BF16, _F16) else state
-
-
-def _flags(case) -> dict:
-    """Every Case flag as the op's keyword argument."""
-    kwargs = {
-        "scale": case.scale,  # None -> the op's own default 1/sqrt(K), the same as ours
-        "output_final_state": True,
-        "use_qk_l2norm_in_kernel": case.l2norm,
-        "use_beta_sigmoid_in_kernel": case.beta_sigmoid,
-        "allow_neg_eigval": case.neg_eigval,
-        "gate_domain": case.gate_domain,
-        "safe_gate": case.safe_gate,
-    }
-    if case.safe_gate and case.op in ("kda", "gdn2"):
-        # The sigmoid safe gate's lower bound: the op's default (-5) today, passed explicitly so a
-        # changed default cannot silently change what we test. Keyword only: KDA has it before
-        # gate_domain, GDN2 after.
-        kwargs["gate_lower_bound"] = case.support.gate_lower_bound
-    if case.beta_guard:
-        kwargs["beta_guard"] = True
-    return kwargs
-
-
-def _conform(op: str, tensors: dict, io: torch.dtype) -> tuple[dict, list[str]]:
-    """Cast each optional/gate tensor the op would reject to an accepted dtype; say so for each."""
-    out, notes = dict(tensors), []
-    for name in ("g", "beta", "w", "a_log", "dt_bias", "initial_state"):
-        x = out.get(name)
-        if x is None:
-            continue
-        accepted = _accepted_dtypes(op, name, io)
-        if x.dtype not in accepted:
-            target = accepted[0]
-            out[name] = with_margin(x, target)  # the cast keeps the NaN margin
-            notes.append(f"{name} cast {_short(x.dtype)} -> {_short(target)}: cuDNN {op} accepts "
-                         f"{'/'.join(_short(d) for d in accepted)}")
-    return out, notes
-
 
 # The engines each wrapped execute_graph saw, oldest first (one list per process: every CudnnBackend reads it).
 _SEEN: list[str] = []
@@ -166,10 +76,6 @@ def _watch(ops_module) -> bool:
     execute_graph._deltacheck_watch = True
     ops_module.execute_graph = execute_graph
     return True
-
-
-def _short(dtype: torch.dtype) -> str:
-    return {_F32: "fp32", _BF16: "bf16", _F16: "fp16", torch.float64: "fp64"}.get(dtype, str(dtype))
 
 
 class CudnnBackend(CudnnServing):
@@ -234,13 +140,13 @@ class CudnnBackend(CudnnServing):
         op = self._op(case)
         io = inputs["q"].dtype
         layout = case.layout
-        tensors = {name: _to_thd(inputs[name], layout) for name in ("q", "k", "v", "g", "beta")}
+        tensors = {name: to_thd(inputs[name], layout) for name in ("q", "k", "v", "g", "beta")}
         if case.op == "gdn2":
-            tensors["w"] = _to_thd(inputs["w"], layout)
+            tensors["w"] = to_thd(inputs["w"], layout)
         tensors["a_log"] = inputs.get("a_log")
         tensors["dt_bias"] = inputs.get("dt_bias")
-        tensors["initial_state"] = _state_to_cudnn(inputs.get("initial_state"))
-        tensors, notes = _conform(case.op, tensors, io)
+        tensors["initial_state"] = state_to_cudnn(inputs.get("initial_state"))
+        tensors, notes = conform(case.op, tensors, io)
 
         if layout == "thd":
             cu_seqlens = inputs["cu_seqlens"]
@@ -254,7 +160,7 @@ class CudnnBackend(CudnnServing):
         args.append(cu_seqlens)
         if case.support.householder:
             args.append(case.num_householder)
-        kwargs = _flags(case)
+        kwargs = op_keywords(case)
         kwargs["initial_state"] = tensors["initial_state"]
         if tensors["a_log"] is not None:
             kwargs["a_log"] = tensors["a_log"]
@@ -275,7 +181,7 @@ class CudnnBackend(CudnnServing):
             del _SEEN[:]
             self._served = seen[0] if seen else ("not recorded (no execute_graph seen)" if watched else
                                                  "not recorded (this FE has no ops.<op>.execute_graph)")
-        return _from_thd(o, layout, case.N), _state_from_cudnn(final_state), notes
+        return from_thd(o, layout, case.N), state_from_cudnn(final_state), notes
 
     def served(self) -> dict:
         """The engine that served the last forward call (``graph.selected_engine.name``), as result metrics."""
