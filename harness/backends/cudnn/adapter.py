@@ -43,6 +43,7 @@ from ..base import Verdict
 from ..loading import Library, load_entry_point
 from . import facts
 from .facts import ENTRY_POINTS, INSTALL_HINT
+from .gradients import contiguous_grad
 from .serving import CudnnServing
 
 PLAN_ENV = "DELTACHECK_CUDNN_PLAN"
@@ -282,6 +283,7 @@ class CudnnBackend(CudnnServing):
             del _SEEN[:]
             self._served = seen[0] if seen else ("not recorded (no execute_graph seen)" if watched else
                                                  "not recorded (this FE has no ops.<op>.execute_graph)")
+        o, final_state = contiguous_grad(o), contiguous_grad(final_state)  # gradients.py: FE refuses strided ones
         return _from_thd(o, layout, case.N), _state_from_cudnn(final_state), notes
 
     def served(self) -> dict:
