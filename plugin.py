@@ -19,6 +19,7 @@ from deltacheck.harness.backends.base import (
     register,
     registered,
 )
+from deltacheck.harness.backends.fused import FusedAdapter
 from deltacheck.harness.ci.required import strip_pair
 from deltacheck.harness.machine.availability import (
     floors_then_library,
@@ -30,7 +31,7 @@ from deltacheck.harness.machine.availability import (
 from deltacheck.harness.machine.environment import Env, version_below, version_in
 
 __all__ = [
-    "Backend", "BackendHooks", "BackendLoadError", "Env", "Envelope", "LibraryContractError", "Verdict",
+    "Backend", "BackendHooks", "BackendLoadError", "Env", "Envelope", "FusedAdapter", "LibraryContractError", "Verdict",
     "floors_then_library", "gathered", "get_backend", "merge_verdicts", "no_cuda_reason", "package_floor",
     "register", "registered", "strip_pair", "version_below", "version_in",
 ]

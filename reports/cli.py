@@ -43,8 +43,8 @@ def _guarded(command: str, body: Callable[[argparse.Namespace], int]) -> Callabl
 
 
 def _report(args: argparse.Namespace) -> int:
+    from .formatting import counts_line
     from .render import write_reports
-    from .summary import counts_line
 
     written = write_reports(args.run_dir)
     summary = written.summary

@@ -12,10 +12,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from .formatting import fmt_err, fmt_headroom
 from .frontier import FrontierChange, compare_frontiers, comparison_section
 from .load import Run, number
 from .markdown import code, table
-from .summary import fmt_err, fmt_headroom
 
 # (kind, heading, is a regression). The order is the order of the report.
 KINDS = (

@@ -8,19 +8,12 @@ from collections.abc import Iterable
 from html import escape
 from typing import Any
 
+from .detection import detection_section
+from .formatting import backend_label, counts_line, fmt_err, fmt_headroom, short_env
 from .frontier import fmt_bound
 from .load import Run
 from .plots import PlotsUnavailable, frontier_plots, make_plots
-from .summary import (
-    backend_label,
-    counts_line,
-    detection_section,
-    fmt_err,
-    fmt_headroom,
-    largest_phase,
-    short_env,
-    time_rows,
-)
+from .timing import largest_phase, time_rows
 
 MAX_FAILURES_SHOWN = 200
 

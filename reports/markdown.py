@@ -6,18 +6,11 @@ import shlex
 from collections.abc import Iterable
 from typing import Any
 
+from .detection import detection_section
+from .formatting import backend_label, counts_line, fmt_err, fmt_headroom, limit_text, short_env
 from .frontier import markdown_section
 from .served import served_section
-from .summary import (
-    backend_label,
-    counts_line,
-    detection_section,
-    fmt_err,
-    fmt_headroom,
-    limit_text,
-    short_env,
-    time_section,
-)
+from .timing import time_section
 
 MAX_FAILURES_LISTED = 40
 

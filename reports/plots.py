@@ -11,9 +11,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .formatting import badness, fmt_headroom
 from .frontier import fmt_bound
 from .load import Run, finite, number
-from .summary import badness, fmt_headroom
 
 GATE_ORDER = ("zero", "mild", "typical", "steep", "extreme")
 ERROR_FLOOR = 1e-12  # exact results (error 0) are drawn here on the log axes

@@ -129,6 +129,32 @@ def test_no_module_imports_a_command():
     assert not offenders, offenders
 
 
+def _private_imports(path: Path) -> list[str]:
+    """``from M import _name`` in ``path`` where M is not in ``path``'s own package: another package's internals."""
+    package = "deltacheck." + ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.ImportFrom) or node.module == "__future__":
+            continue
+        base = node.module or ""
+        if node.level:
+            parts = package.split(".")
+            base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+        if base.rpartition(".")[0] == package or base == package:
+            continue  # a sibling module of the same package may share its helpers
+        found += [f"{base}.{a.name}" for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_no_module_imports_another_packages_private_names():
+    """An adapter that converts as another does imports a shared public module (backends/layouts.py), never the
+    other adapter's ``_helpers``: those may change with that adapter alone."""
+    offenders = [f"{path.relative_to(ROOT)} imports {name}" for folder in FLOW for path in _sources(folder)
+                 for name in _private_imports(path)]
+    offenders += [f"plugin.py imports {name}" for name in _private_imports(ROOT / "plugin.py")]
+    assert not offenders, offenders
+
+
 def test_reference_imports_torch_only():
     proc = fresh(
         "import sys\n"

@@ -434,15 +434,15 @@ def test_fla_adapter_gradients_match_oracle(open_gate, op):
 def test_fla_transposed_state_is_caught(open_gate, monkeypatch):
     case = _cases("kda")[4].replace(K=64, V=64)
     assert agrees(fla_backend(), case)
-    monkeypatch.setattr(fla_adapter, "_state_to_fla", lambda s: None if s is None else s.float().contiguous())
+    monkeypatch.setattr(fla_adapter, "state_to_key_major_fp32", lambda s: None if s is None else s.float().contiguous())
     assert fails(fla_backend(), case)
 
 
 def test_fla_mispacked_layout_is_caught(open_gate, monkeypatch):
     case = _cases("gdn")[3].replace(seqlens=(7, 7, 7))  # bhsd
     assert agrees(fla_backend(), case)
-    real = fla_adapter._to_btd
-    monkeypatch.setattr(fla_adapter, "_to_btd", lambda x, layout: real(x, "sbhd" if layout == "bhsd" else layout))
+    real = fla_adapter.to_btd
+    monkeypatch.setattr(fla_adapter, "to_btd", lambda x, layout: real(x, "sbhd" if layout == "bhsd" else layout))
     assert fails(fla_backend(), case)
 
 

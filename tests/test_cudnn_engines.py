@@ -68,7 +68,7 @@ def test_probe_reads_the_toolchain_tileiras_will_use():
     assert env.tools["cuda_home"] is None
     assert (env.versions["tileiras"], env.versions["ptxas"], env.versions["libnvvm"]) == ("13.4.92",) * 3
     assert facts.toolchain_unmet(env) == []
-    assert facts.pair_verdict("gdn", env).runnable
+    assert facts.floors("cudnn", "gdn", env).runnable
     assert facts.engine_verdict("gdn_cutile", env).runnable
 
 
@@ -86,8 +86,8 @@ def test_cuda_home_on_an_older_toolkit_is_a_decline_naming_it():
     assert all("unset CUDA_HOME" in u and f"(e.g. {TC})" in u for u in unmet)
     v = facts.engine_verdict("gdn_cutile", env)
     assert not v.runnable and v.reason.startswith("cudnn@gdn_cutile:gdn cannot run: (1) ptxas 13.0.88") and "unset CUDA_HOME" in v.reason
-    assert not facts.pair_verdict("gdn", env).runnable  # on SM90 GDN has cuTile alone
-    assert facts.pair_verdict("kda", env).runnable  # the Hopper KDA engines need no tileiras
+    assert not facts.floors("cudnn", "gdn", env).runnable  # on SM90 GDN has cuTile alone
+    assert facts.floors("cudnn", "kda", env).runnable  # the Hopper KDA engines need no tileiras
     assert not facts.engine_verdict("kda_cutile", env).runnable
     assert facts.engine_verdict("kda_hopper_cuda", env).runnable  # NVRTC takes $CUDA_HOME/include: complete
     # CUDA_HOME at the bundle itself is fine
@@ -105,7 +105,7 @@ def test_nvrtc_include_tree_without_crt_is_a_kda_hopper_cuda_decline_naming_the_
     assert not v.runnable
     assert v.reason.startswith(f"cudnn@kda_hopper_cuda:kda: the NVRTC include tree {VENV}/cu13/include lacks crt/mma.h")
     assert "set CUDAToolkit_ROOT to a full CUDA toolkit" in v.reason
-    assert facts.pair_verdict("kda", env).runnable  # kda_cutile still serves
+    assert facts.floors("cudnn", "kda", env).runnable  # kda_cutile still serves
     # the fix: CUDAToolkit_ROOT for NVRTC, CUDA_HOME still unset for tileiras
     fixed = probe_env(finder=h200_finder(env={"CUDAToolkit_ROOT": OLD}))
     assert fixed.tools["nvrtc_include"] == f"{OLD}/include" and fixed.tools["nvrtc_include_missing"] is None
@@ -114,7 +114,7 @@ def test_nvrtc_include_tree_without_crt_is_a_kda_hopper_cuda_decline_naming_the_
     assert facts.engine_verdict("gdn_cutile", fixed).runnable
     # neither cuTile nor the NVRTC engine: the pair says both
     broken = replace(env, importable={**env.importable, "cuda.tile": False})
-    v = facts.pair_verdict("kda", broken)
+    v = facts.floors("cudnn", "kda", broken)
     assert not v.runnable and "lacks crt/mma.h" in v.reason and "kda_hopper (CuTe DSL) need it" in v.reason
 
 
@@ -143,7 +143,7 @@ def test_a_missing_or_mismatched_file_beside_tileiras_is_named():
 def test_an_env_recorded_before_the_toolchain_probe_is_not_judged():
     old = hopper()  # tools: tileiras only (an older run header)
     assert "ptxas" not in old.tools and facts.toolchain_unmet(old) == []
-    assert facts.pair_verdict("gdn", old).runnable
+    assert facts.floors("cudnn", "gdn", old).runnable
 
 
 def test_the_real_finder_reads_an_embedded_release(tmp_path):

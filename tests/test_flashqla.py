@@ -77,12 +77,12 @@ def test_the_runner_judges_flashqla_on_every_check():
 # ================================================================================ breaking the adapter is caught
 
 def test_a_state_left_value_major_is_caught(monkeypatch):
-    monkeypatch.setattr(adapter, "_state_to_fla", lambda s: None if s is None else s.float().contiguous())
+    monkeypatch.setattr(adapter, "state_to_key_major_fp32", lambda s: None if s is None else s.float().contiguous())
     assert caught(lambda: agrees(backend(), CASES[1]))
 
 
 def test_a_final_state_returned_as_is_but_transposed_is_caught(monkeypatch):
-    monkeypatch.setattr(adapter, "_state_from_fla", lambda s: s.transpose(-1, -2))
+    monkeypatch.setattr(adapter, "state_widened_to_fp32", lambda s: s.transpose(-1, -2))
     assert caught(lambda: agrees(backend(), CASES[3]))
 
 
@@ -100,7 +100,7 @@ def test_a_dropped_keyword_is_caught(flag):
 
 
 def test_bhsd_without_its_transpose_is_caught(monkeypatch):
-    monkeypatch.setattr(adapter, "_from_btd", lambda o, layout: o)
+    monkeypatch.setattr(adapter, "from_btd", lambda o, layout: o)
     assert caught(lambda: agrees(backend(), CASES[3]))
 
 

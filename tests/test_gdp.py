@@ -252,9 +252,9 @@ def test_cudnn_double_takes_gdp_expanded_or_token_major_and_words_bad_rows_as_fe
 def test_cudnn_gdp_floors_are_frost_only():
     hopper = environment.Env(cuda=True, device_name="NVIDIA H200", capability=(9, 0),
                              versions={"cudnn_frontend": "1.32.0", "cutlass_dsl": "4.7.0"}, importable={"cutlass": True})
-    verdict = cudnn_facts.pair_verdict("gdp", hopper)
+    verdict = cudnn_facts.floors("cudnn", "gdp", hopper)
     assert not verdict.runnable and "SM100/101/102/103/107" in verdict.reason
     blackwell = environment.Env(cuda=True, device_name="NVIDIA B200", capability=(10, 0),
                                 versions={"cudnn_frontend": "1.32.0", "cutlass_dsl": "4.7.0"},
                                 importable={"cutlass": True})
-    assert cudnn_facts.pair_verdict("gdp", blackwell).runnable
+    assert cudnn_facts.floors("cudnn", "gdp", blackwell).runnable

@@ -396,21 +396,21 @@ def _env(sm=(10, 0), te="2.20.2", fe="1.32.0", cuda=True):
 
 
 def test_floors():
-    assert facts.pair_verdict("te", "gdp", _env()).runnable
-    assert facts.pair_verdict("te-checkpoint", "gdn2", _env()).runnable
-    old = facts.pair_verdict("te", "gdn2", _env(te="2.19.0"))
+    assert facts.floors("te", "gdp", _env()).runnable
+    assert facts.floors("te-checkpoint", "gdn2", _env()).runnable
+    old = facts.floors("te", "gdn2", _env(te="2.19.0"))
     assert not old.runnable and "transformer-engine 2.19.0 < 2.20" in old.reason
-    missing = facts.pair_verdict("te", "gdn", _env(te=None))
+    missing = facts.floors("te", "gdn", _env(te=None))
     assert not missing.runnable and "transformer-engine is not installed" in missing.reason
-    cpu = facts.pair_verdict("te", "gdn", _env(cuda=False, fe=None))
+    cpu = facts.floors("te", "gdn", _env(cuda=False, fe=None))
     assert "needs a CUDA GPU" in cpu.reason and "nvidia-cudnn-frontend is not installed (TE's modules" in cpu.reason
     # On an H200 the FROST-only ops cannot run under TE either: the cuDNN op's reason, named as such.
-    hopper = facts.pair_verdict("te", "gdp", _env(sm=(9, 0)))
+    hopper = facts.floors("te", "gdp", _env(sm=(9, 0)))
     assert not hopper.runnable
     assert "the cuDNN frontend op under GatedDeltaProductAttention (gated_delta_product) cannot run here" in hopper.reason
     assert "SM100/101/102/103/107" in hopper.reason
     # A KNOWN-WRONG note of the op underneath travels with the pair.
-    assert any("KNOWN-WRONG" in n for n in facts.pair_verdict("te", "gdn2", _env(fe="1.31.0")).notes)
+    assert any("KNOWN-WRONG" in n for n in facts.floors("te", "gdn2", _env(fe="1.31.0")).notes)
 
 
 def test_floors_come_first():

@@ -21,7 +21,8 @@ class BuiltinBackend:
       ``cudnn@<engine>``: shown in help texts, never run by default);
     - ``distribution``: the PyPI distribution of the library it calls (None: deltacheck's own code);
     - ``version_key``: the ``Env.versions`` key of that distribution;
-    - ``floors``: where its floors live (``module:function``, the adapter's ``pair_verdict``);
+    - ``floors``: where its floors live (``module:function``, a facts module's ``floors(backend, op, env)``: what
+      the adapter's ``pair_verdict(op, env)`` hook returns for its own name);
     - ``envelopes``: whether it declares envelopes (``envelopes(op, env=, sm=)``);
     - ``tier_targets``: the architectures the generated tiers cover its envelopes for (None: any GPU);
     - ``fused``: part of the default fused set of ``run`` / ``verify`` / the pytest plugin (the first name);
@@ -49,26 +50,26 @@ class BuiltinBackend:
 BUILTINS: tuple[BuiltinBackend, ...] = (
     BuiltinBackend("reference", ("oracle", "chunked", "baseline"), optional=False),
     BuiltinBackend("cudnn", ("cudnn", "cudnn@*"), distribution="nvidia-cudnn-frontend", version_key="cudnn_frontend",
-                   floors="deltacheck.harness.backends.cudnn.facts:pair_verdict", envelopes=True,
+                   floors="deltacheck.harness.backends.cudnn.facts:floors", envelopes=True,
                    tier_targets=(90, 100), fused=True, lanes=("cudnn",)),
     BuiltinBackend("fla", ("fla", "fla-recurrent", "fla-dispatch", "fla-dispatch-cp"), distribution="fla-core", version_key="fla",
-                   floors="deltacheck.harness.backends.fla.facts:pair_verdict", envelopes=True, tier_targets=(None,),
+                   floors="deltacheck.harness.backends.fla.facts:floors", envelopes=True, tier_targets=(None,),
                    fused=True, lanes=("fla",)),
     BuiltinBackend("te", ("te", "te-checkpoint"), distribution="transformer-engine", version_key="transformer_engine",
-                   floors="deltacheck.harness.backends.te.facts:pair_verdict", envelopes=True),
+                   floors="deltacheck.harness.backends.te.facts:floors", envelopes=True),
     BuiltinBackend("vllm_fla", ("vllm-fla", "vllm-fla-recurrent"), distribution="vllm", version_key="vllm",
-                   floors="deltacheck.harness.backends.vllm_fla.facts:pair_verdict", envelopes=True,
+                   floors="deltacheck.harness.backends.vllm_fla.facts:floors", envelopes=True,
                    tier_targets=(None,)),
     BuiltinBackend("flashkda", ("flashkda", "flashkda-tokenspeed"), distribution="tokenspeed-flashkda",
-                   version_key="flashkda", floors="deltacheck.harness.backends.flashkda.facts:pair_verdict",
+                   version_key="flashkda", floors="deltacheck.harness.backends.flashkda.facts:floors",
                    envelopes=True, tier_targets=(90,)),
     BuiltinBackend("flashqla", ("flashqla",), distribution="flash-qla", version_key="flash_qla",
-                   floors="deltacheck.harness.backends.flashqla.facts:pair_verdict", envelopes=True,
+                   floors="deltacheck.harness.backends.flashqla.facts:floors", envelopes=True,
                    tier_targets=(90,)),
     BuiltinBackend("jaxla", ("jax",), distribution="jax-linear-attention", version_key="jax_linear_attention",
-                   floors="deltacheck.harness.backends.jaxla.facts:pair_verdict", envelopes=True),
+                   floors="deltacheck.harness.backends.jaxla.facts:floors", envelopes=True),
     BuiltinBackend("flashinfer", ("flashinfer", "flashinfer-decode"), distribution="flashinfer-python",
-                   version_key="flashinfer", floors="deltacheck.harness.backends.flashinfer.facts:pair_verdict",
+                   version_key="flashinfer", floors="deltacheck.harness.backends.flashinfer.facts:floors",
                    envelopes=True),
 )
 

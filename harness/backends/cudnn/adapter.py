@@ -31,7 +31,6 @@ entry points live beside it, in ``facts.py``.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import os
 
 import torch
@@ -40,7 +39,7 @@ from deltacheck.harness.judge.margins import with_margin
 from deltacheck.plugin import floors_then_library
 
 from ..base import Verdict
-from ..loading import Library, load_entry_point
+from ..loading import Library, library_version, load_entry_point
 from . import facts
 from .facts import ENTRY_POINTS, INSTALL_HINT
 from .gradients import contiguous_grad
@@ -218,13 +217,7 @@ class CudnnBackend(CudnnServing):
         return self._import(facts.MODULE), self._package
 
     def _version(self) -> str:
-        version = getattr(self._package, "__version__", None)
-        if version is None:
-            try:
-                version = importlib.metadata.version(facts.DIST)
-            except importlib.metadata.PackageNotFoundError:
-                version = "unknown version"
-        return str(version)
+        return library_version(self._package, facts.DIST, "unknown version")
 
     def _op(self, case):
         module, _ = self._load()
@@ -297,7 +290,7 @@ class CudnnBackend(CudnnServing):
     # ------------------------------------------------------------------ can it run?
     def pair_verdict(self, op: str, env) -> Verdict:
         """Our floors for ``cudnn:op`` from the Env alone (facts.py); no import of cuDNN."""
-        return facts.pair_verdict(op, env)
+        return facts.floors(self.name, op, env)
 
     def envelopes(self, op: str, env=None, sm: int | None = None):
         """The engines (facts.ENVELOPES) that serve ``op`` on ``env`` (its SM and runtimes), or on a GPU of

@@ -177,9 +177,9 @@ def nvrtc_unmet(env: Env, who: str = "kda_hopper_cuda") -> list[str]:
     return []
 
 
-def pair_verdict(op: str, env: Env) -> Verdict:
+def floors(backend: str, op: str, env: Env) -> Verdict:
     """Our floors and facts for ``cudnn:op`` on ``env``; cuDNN's own planner still decides per case."""
-    pair = f"cudnn:{op}"
+    pair = f"{backend}:{op}"
     unmet: list[str] = []
     notes: list[str] = []
     if not env.cuda:

@@ -26,57 +26,21 @@ Our floors and the entry points live beside this file, in ``facts.py``.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import os
 import sys
 
 import torch
 
-from deltacheck.harness.judge.margins import with_margin
 from deltacheck.plugin import floors_then_library
 
 from ..base import Verdict
-from ..loading import Library, load_entry_point
+from ..layouts import from_btd, state_to_key_major_fp32, state_widened_to_fp32, to_btd
+from ..loading import Library, library_version, load_entry_point
 from . import facts, winners
 from .facts import CHUNK, INSTALL_HINT, RECURRENT
 from .serving import FlaServing
 
 DISPATCH_ENV = "FLA_DISABLE_BACKEND_DISPATCH"
-
-
-def _to_btd(x: torch.Tensor, layout: str) -> torch.Tensor:
-    """Case layout -> FLA's ``[B, T, heads, *feat]`` (thd: B = 1), contiguous between NaN margins (a
-    transposed layout is copied into a margin-bearing buffer, harness/judge/margins.py)."""
-    if layout == "thd":
-        return with_margin(x.unsqueeze(0))
-    if layout == "sbhd":
-        x = x.transpose(0, 1)
-    elif layout == "bhsd":
-        x = x.transpose(1, 2)
-    return with_margin(x)
-
-
-def _from_btd(o: torch.Tensor, layout: str) -> torch.Tensor:
-    """FLA ``[B, T, HV, V]`` -> the case's layout (inverse of ``_to_btd``)."""
-    if layout == "thd":
-        return o.squeeze(0)
-    if layout == "sbhd":
-        return o.transpose(0, 1)
-    if layout == "bhsd":
-        return o.transpose(1, 2)
-    return o
-
-
-def _state_to_fla(state: torch.Tensor | None) -> torch.Tensor | None:
-    """Our value-major ``[N, HO, V, K]`` -> FLA's key-major fp32 ``[N, HV, K, V]``."""
-    if state is None:
-        return None
-    return with_margin(state.transpose(-1, -2), torch.float32)
-
-
-def _state_from_fla(state: torch.Tensor) -> torch.Tensor:
-    """FLA already returns key-major ``[N, HV, K, V]``; bf16/fp16 would widen to fp32 (FLA gives fp32)."""
-    return state.float() if state.dtype in (torch.bfloat16, torch.float16) else state
 
 
 class FlaBackend(FlaServing):
@@ -143,13 +107,7 @@ class FlaBackend(FlaServing):
 
     def _version(self) -> str:
         source = self._module if self._module is not None else sys.modules.get("fla")
-        version = getattr(source, "__version__", None)
-        if version is None:
-            try:
-                version = importlib.metadata.version("fla-core")
-            except importlib.metadata.PackageNotFoundError:
-                version = "unknown version"
-        return str(version)
+        return library_version(source, "fla-core", "unknown version")
 
     def _hopper_guard(self) -> str | None:
         """FLA's own refusal of the gated backward on Hopper (fla/ops/common/chunk_o.py, issue #640).
@@ -194,7 +152,7 @@ class FlaBackend(FlaServing):
     # ------------------------------------------------------------------ can it run?
     def pair_verdict(self, op: str, env) -> Verdict:
         """Our floors for this flavour and op from the Env alone (facts.py); no import of FLA."""
-        return facts.pair_verdict(self.name, op, env)
+        return facts.floors(self.name, op, env)
 
     def envelopes(self, op: str, env=None, sm: int | None = None):
         """FLA's envelope for ``op`` (any CUDA GPU; ``sm`` does not narrow it); on ``env``, without a GPU none,
@@ -279,14 +237,14 @@ class FlaBackend(FlaServing):
     def run(self, case, inputs: dict):
         fn = self._function(case.op)
         layout = case.layout
-        q, k, v, g, beta = (_to_btd(inputs[n], layout) for n in ("q", "k", "v", "g", "beta"))
+        q, k, v, g, beta = (to_btd(inputs[n], layout) for n in ("q", "k", "v", "g", "beta"))
         kwargs = self._flags(case)
         kwargs.update(self._gate_kwargs(case, inputs))
-        kwargs["initial_state"] = _state_to_fla(inputs.get("initial_state"))
+        kwargs["initial_state"] = state_to_key_major_fp32(inputs.get("initial_state"))
         if layout == "thd":
             kwargs["cu_seqlens"] = inputs["cu_seqlens"].to(torch.int64)
         if case.op == "gdn2":
-            o, final_state = fn(q, k, v, g, beta, _to_btd(inputs["w"], layout), **kwargs)
+            o, final_state = fn(q, k, v, g, beta, to_btd(inputs["w"], layout), **kwargs)
         elif case.op == "gdn" and self.recurrent:
             # fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, ...)
             o, final_state = fn(q, k, v, g=g, beta=beta, **kwargs)
@@ -294,7 +252,7 @@ class FlaBackend(FlaServing):
             o, final_state = fn(q, k, v, g, beta, **kwargs)
         if os.environ.get(winners.RECORD_ENV):
             winners.record_to_dir()
-        return _from_btd(o, layout), _state_from_fla(final_state)
+        return from_btd(o, layout), state_widened_to_fp32(final_state)
 
 
 _WINNERS_APPLIED: list[str] = []

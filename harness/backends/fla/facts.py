@@ -43,7 +43,7 @@ def is_fla_hopper(env: Env) -> bool:
     return env.cuda and (("NVIDIA H" in (env.device_name or "")) or (env.capability or (0, 0))[0] == 9)
 
 
-def pair_verdict(backend: str, op: str, env: Env) -> Verdict:
+def floors(backend: str, op: str, env: Env) -> Verdict:
     """Our floors for ``fla:op`` / ``fla-recurrent:op`` on ``env``; FLA still decides per case."""
     pair = f"{backend}:{op}"
     unmet: list[str] = []
@@ -99,6 +99,6 @@ def envelopes(backend: str, op: str, env: Env | None = None) -> list[Envelope]:
     if op not in table:
         return []
     envelope = table[op]
-    if env is not None and envelope.backward and not pair_verdict(backend, op, env).backward:
+    if env is not None and envelope.backward and not floors(backend, op, env).backward:
         envelope = replace(envelope, backward=False)
     return [envelope]

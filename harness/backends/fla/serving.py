@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ..base import Verdict
+from ..layouts import from_btd, to_btd
 from ..serving import SERVING_MODES, ServingOutput
 
 SERVING_FWD = {"kda": ("fla.ops.kda.fused_recurrent", "fused_recurrent_kda_fwd"),
@@ -61,11 +62,9 @@ class FlaServing:
         return Verdict.ok("serving through FLA's internal _fwd (the public function drops the serving kwargs)")
 
     def serve(self, case, inputs: dict, call) -> ServingOutput:
-        from .adapter import _from_btd, _to_btd
-
         module, attr = self.serving_entry[case.op]
         fwd = getattr(self._import(module), attr)
-        q, k, v, g, beta = (_to_btd(inputs[n], "thd") for n in ("q", "k", "v", "g", "beta"))
+        q, k, v, g, beta = (to_btd(inputs[n], "thd") for n in ("q", "k", "v", "g", "beta"))
         kwargs = self._flags(case)
         kwargs.update(self._gate_kwargs(case, inputs))
         pool = call.pool
@@ -76,12 +75,12 @@ class FlaServing:
                       num_accepted_tokens=call.num_accepted_tokens,
                       cu_seqlens=inputs["cu_seqlens"].to(torch.int64))
         if case.op == "gdn2":
-            o, _ = fwd(q, k, v, g, beta, _to_btd(inputs["w"], "thd"), **kwargs)
+            o, _ = fwd(q, k, v, g, beta, to_btd(inputs["w"], "thd"), **kwargs)
         elif case.op == "gdn":  # FLA's GDN signature: (q, k, v, g=None, gk=None, gv=None, beta=None, ...)
             o, _ = fwd(q, k, v, g=g, beta=beta, **kwargs)
         else:
             o, _ = fwd(q, k, v, g, beta, **kwargs)
-        return ServingOutput(_from_btd(o, "thd"), pool=pool)
+        return ServingOutput(from_btd(o, "thd"), pool=pool)
 
     def graph_verdict(self, case, env) -> Verdict:
         if not getattr(env, "cuda", False):

@@ -24,15 +24,14 @@ What a call goes through (FlashInfer 0.7.2; docs/libraries.md has the source lin
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import torch
 
-from deltacheck.plugin import floors_then_library
+from deltacheck.plugin import FusedAdapter
 
-from ..base import LibraryContractError, Verdict
-from ..loading import Library, library_version, load_entry_point
+from ..base import LibraryContractError
+from ..loading import library_version
 from . import facts
 from .facts import DECODE_DIMS, ENTRY_POINTS, INSTALL_HINT, IO_DTYPES, PREFILL_DIMS
 
@@ -75,7 +74,7 @@ def library_alpha(case, g: torch.Tensor) -> torch.Tensor:
     return torch.exp(g.float()) if case.gate_domain == "log" else g.float()
 
 
-class FlashInferBackend:
+class FlashInferBackend(FusedAdapter):
     """FlashInfer's SM90 GDN prefill (``decode=False``) or decode (``decode=True``) as a deltacheck backend.
 
     ``module``: a stand-in for the entry point's module (tests/doubles/flashinfer_gdn.py); default: imported
@@ -84,13 +83,15 @@ class FlashInferBackend:
 
     ops = frozenset({"gdn"})
     version_key = "flashinfer"
+    facts = facts
+    dist, install, not_installed = facts.DIST, facts.INSTALL, INSTALL_HINT
 
     def __init__(self, module=None, *, decode: bool = False, importer=None):
-        self._module = module
-        self._importer = importer or importlib.import_module
+        super().__init__(module, importer=importer)
         self.decode = decode
         self.name = "flashinfer-decode" if decode else "flashinfer"
         self._entry = ENTRY_POINTS[self.name]
+        self.entry_points = {"gdn": self._entry}
         self._served: dict = {}
 
     def _import(self, name: str):
@@ -107,25 +108,16 @@ class FlashInferBackend:
         return getattr(self._import(self._entry[0]), self._entry[1])
 
     # ------------------------------------------------------------------ can it run?
-    def pair_verdict(self, op: str, env) -> Verdict:
-        return facts.pair_verdict(self.name, op, env)
+    def declared_envelopes(self, op: str):
+        envelope = facts.ENVELOPES[self.name]
+        return [envelope] if envelope.op == op else []
 
-    def envelopes(self, op: str, env=None, sm: int | None = None):
-        if op != "gdn" or (env is not None and not env.cuda) or (sm is not None and sm != facts.HOPPER_SM):
-            return []
-        return [facts.ENVELOPES[self.name]]
-
-    def check(self, case, env) -> Verdict:
-        return floors_then_library(self.pair_verdict(case.op, env), lambda: self._library_verdict(case))
-
-    def load(self, op: str) -> Verdict:
+    def refusal(self, op: str) -> str | None:
         if op == "gdp":
-            return Verdict.no(facts.GDP_REASON)
+            return facts.GDP_REASON
         if op not in self.ops:
-            return Verdict.no(f"{self.name} serves ['gdn'] (FlashInfer's SM90 GDN kernels), not {op!r}")
-        library = Library(facts.DIST, self.version(), facts.INSTALL, INSTALL_HINT)
-        _, verdict = load_entry_point(f"{self.name}:{op}", op, self._entry[0], self._entry[1], library, self._import)
-        return verdict
+            return f"{self.name} serves ['gdn'] (FlashInfer's SM90 GDN kernels), not {op!r}"
+        return None
 
     def unsupported(self, case) -> str | None:
         fn = self._entry[1]
@@ -149,17 +141,10 @@ class FlashInferBackend:
                     "use backend flashinfer-decode for the in-kernel gate")
         return None
 
-    def _library_verdict(self, case) -> Verdict:
-        loaded = self.load(case.op)
-        if not loaded.runnable:
-            return loaded
-        reason = self.unsupported(case)
-        if reason:
-            return Verdict.no(reason)
-        no_backward = f"FlashInfer {self._entry[1]} is forward-only (inference kernels; no autograd)"
-        return Verdict.ok(*self._notes(case), backward=False, backward_reason=no_backward)
+    def no_backward(self, case) -> str:
+        return f"FlashInfer {self._entry[1]} is forward-only (inference kernels; no autograd)"
 
-    def _notes(self, case) -> list[str]:
+    def conversion_notes(self, case) -> list[str]:
         notes = []
         if case.layout != "thd":
             notes.append(f"{case.layout} packed as thd with cu_seqlens [0, S, 2S, ...]: FlashInfer takes packed tokens")

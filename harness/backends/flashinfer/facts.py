@@ -38,7 +38,7 @@ PREFILL_DIMS = ((128, 128),)  # delta_rule_sm90.py: D = K = V, "DSL kernel only 
 DECODE_DIMS = ((128, 128), (256, 256))  # gdn_decode.py legacy fp32-state path: K >= 128, V >= 128 (we keep K == V)
 
 
-def pair_verdict(backend: str, op: str, env: Env) -> Verdict:
+def floors(backend: str, op: str, env: Env) -> Verdict:
     """Our floors for ``flashinfer:op`` / ``flashinfer-decode:op``: CUDA on SM90, FlashInfer and the CuTe DSL."""
     pair = f"{backend}:{op}"
     unmet: list[str] = []

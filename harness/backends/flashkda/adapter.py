@@ -23,34 +23,35 @@ Conventions (docs/libraries.md, "FlashKDA", has the source of each) and what the
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 from deltacheck.harness.judge.margins import with_margin
-from deltacheck.plugin import floors_then_library
+from deltacheck.plugin import FusedAdapter
 
 from ..base import Verdict
-from ..fla.adapter import _from_btd, _to_btd
-from ..loading import Library, library_version, load_entry_point
+from ..layouts import from_btd, to_btd
+from ..loading import library_version
 from . import facts
 from .facts import HEAD_DIM, STANDALONE, VLLM
 
 
-class FlashKdaBackend:
+class FlashKdaBackend(FusedAdapter):
     """``flavour``: ``facts.VLLM`` or ``facts.STANDALONE``. ``module``: the object holding ``fwd`` and
     ``get_workspace_size`` (a contract double in tests); default: ``torch.ops._flashkda_C`` after importing
     ``vllm._flashkda_C``, or the ``flash_kda`` module."""
 
     ops = frozenset({"kda"})
+    facts = facts
 
     def __init__(self, flavour: str = VLLM, module=None, *, importer=None, probe_device: str | None = "cuda"):
         if flavour not in (VLLM, STANDALONE):
             raise ValueError(f"unknown FlashKDA flavour {flavour!r}")
+        super().__init__(module, importer=importer)
         self.name = flavour
         self.version_key = facts.VERSION_KEYS[flavour]
-        self._module = module
-        self._importer = importer or importlib.import_module
+        self.dist, self.install = facts.DISTS[flavour], facts.INSTALL[flavour]
+        self.not_installed = f"{self.dist} is not installed; {self.install}"
+        self.entry_points = {"kda": (facts.MODULES[flavour], "fwd")}
         self._probe_device = probe_device  # where the standalone build's ABI probe runs (tests: "cpu")
         self._abi: Verdict | None = None
 
@@ -63,40 +64,20 @@ class FlashKdaBackend:
         return torch.ops._flashkda_C if self.name == VLLM else module
 
     def version(self) -> str | None:
-        return library_version(self._module, facts.DISTS[self.name])
+        return library_version(self._module, self.dist)
 
-    def pair_verdict(self, op: str, env) -> Verdict:
-        return facts.pair_verdict(self.name, op, env)
+    def declared_envelopes(self, op: str):
+        return facts.envelopes(self.name, op)
 
-    def envelopes(self, op: str, env=None, sm: int | None = None):
-        if env is not None:
-            return facts.envelopes(self.name, op, env.sm) if env.cuda else []
-        return facts.envelopes(self.name, op, sm)
-
-    def load(self, op: str) -> Verdict:
-        if op not in self.ops:
-            return Verdict.no(f"{self.name} serves ['kda'], not {op!r}")
-        dist = facts.DISTS[self.name]
-        library = Library(dist, self.version() or "unknown version", facts.INSTALL[self.name],
-                          f"{dist} is not installed; {facts.INSTALL[self.name]}")
-        return load_entry_point(f"{self.name}:{op}", op, facts.MODULES[self.name], "fwd", library, self._import)[1]
-
-    def check(self, case, env) -> Verdict:
-        return floors_then_library(self.pair_verdict(case.op, env), lambda: self._library_verdict(case))
-
-    def _library_verdict(self, case) -> Verdict:
-        loaded = self.load(case.op)
-        if not loaded.runnable:
-            return loaded
-        reason = self._unsupported(case)
-        if reason:
-            return Verdict.no(reason)
+    def accepted(self, case) -> Verdict:
         if self.name == STANDALONE:
             abi = self._abi_probe()
             if not abi.runnable:
                 return abi
-        return Verdict.ok(*self._conversion_notes(case), backward=False,
-                          backward_reason="FlashKDA is a forward kernel (no autograd); use fla or cudnn for gradients")
+        return super().accepted(case)
+
+    def no_backward(self, case) -> str:
+        return "FlashKDA is a forward kernel (no autograd); use fla or cudnn for gradients"
 
     def _abi_probe(self) -> Verdict:
         """Once per process: one token through the standalone build. Its pybind11 module is compiled against one
@@ -129,7 +110,7 @@ class FlashKdaBackend:
         return self._abi
 
     # ------------------------------------------------------------------ what FlashKDA cannot express
-    def _unsupported(self, case) -> str | None:
+    def unsupported(self, case) -> str | None:
         who = f"FlashKDA ({self.name})"
         if case.K != HEAD_DIM or case.V != HEAD_DIM:
             return f"{who} requires K = V = {HEAD_DIM} (got K={case.K}, V={case.V})"
@@ -153,7 +134,7 @@ class FlashKdaBackend:
             return f"{who} expects lower_bound in [{low}, {high}], the case's is {bound}"
         return None
 
-    def _conversion_notes(self, case) -> list[str]:
+    def conversion_notes(self, case) -> list[str]:
         notes = ["g and beta rounded fp32 -> bf16 (FlashKDA checks 'g must be bfloat16', 'beta must be bfloat16')"]
         if not case.a_log:
             notes.append("no a_log: A_log = 0 passed (exp(0) = 1, the same gate; FlashKDA requires A_log)")
@@ -168,9 +149,9 @@ class FlashKdaBackend:
     def run(self, case, inputs: dict):
         ops = self._import(facts.MODULES[self.name])
         layout, bf16 = case.layout, torch.bfloat16
-        q, k, v = (_to_btd(inputs[n], layout) for n in ("q", "k", "v"))
-        g = with_margin(_to_btd(inputs["g"], layout), bf16)
-        beta = with_margin(_to_btd(inputs["beta"], layout), bf16)
+        q, k, v = (to_btd(inputs[n], layout) for n in ("q", "k", "v"))
+        g = with_margin(to_btd(inputs["g"], layout), bf16)
+        beta = with_margin(to_btd(inputs["beta"], layout), bf16)
         device = q.device
         B, T, H = q.shape[0], q.shape[1], q.shape[2]
         N = case.N
@@ -193,4 +174,4 @@ class FlashKdaBackend:
             cu_seqlens = None if cu_seqlens is None else cu_seqlens.to(torch.int64)
             ops.fwd(q, k, v, g, beta, scale, out, a_log, dt_bias, bound, initial_state=h0, final_state=final_state,
                     cu_seqlens=cu_seqlens)
-        return _from_btd(out, layout), final_state.transpose(-1, -2)
+        return from_btd(out, layout), final_state.transpose(-1, -2)

@@ -39,7 +39,7 @@ HEAD_DIM = 128  # "Currently requires K = V = 128" (flash_kda/__init__.py docstr
 LOWER_BOUND_RANGE = (-5.0, 0.0)  # "Gate lower bound, expected in [-5.0, 0]"
 
 
-def pair_verdict(backend: str, op: str, env: Env) -> Verdict:
+def floors(backend: str, op: str, env: Env) -> Verdict:
     unmet: list[str] = []
     notes: list[str] = []
     if not env.cuda:

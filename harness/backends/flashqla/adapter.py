@@ -20,34 +20,30 @@ Importing this module never imports FlashQLA.
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 import os
 
 import torch
 
 from deltacheck.harness.records.cachedir import cache_root
-from deltacheck.plugin import floors_then_library
+from deltacheck.plugin import FusedAdapter
 
-from ..base import Verdict
-from ..fla.adapter import _from_btd, _state_from_fla, _state_to_fla, _to_btd
-from ..loading import Library, load_entry_point
+from ..layouts import from_btd, state_to_key_major_fp32, state_widened_to_fp32, to_btd
 from . import facts
 
 TILELANG_CACHE_ENV = "TILELANG_CACHE_DIR"  # tilelang/env.py:368, read when TileLang is imported
 
 
-class FlashQlaBackend:
+class FlashQlaBackend(FusedAdapter):
     """``module``: a namespace holding ``chunk_gated_delta_rule`` (a contract double in tests); default: the real
     ``flash_qla``, imported lazily with TileLang's kernel cache under deltacheck's cache directory."""
 
     name = "flashqla"
     ops = frozenset({"gdn"})
     version_key = "flash_qla"
-
-    def __init__(self, module=None, *, importer=None):
-        self._module = module
-        self._importer = importer or importlib.import_module
+    facts = facts
+    dist, install, not_installed = facts.DIST, facts.INSTALL, facts.INSTALL_HINT
+    entry_points = {"gdn": (facts.MODULE, facts.ENTRY)}
 
     def _import(self, name: str):
         if self._module is not None:
@@ -56,32 +52,19 @@ class FlashQlaBackend:
         return self._importer(name)
 
     def version(self) -> str | None:
-        source = self._module if self._module is not None else None
-        if source is not None:
-            return str(getattr(source, "__version__", "unknown version"))
+        # Not loading.library_version: a module (a double) without __version__ reports 'unknown version' here.
+        if self._module is not None:
+            return str(getattr(self._module, "__version__", "unknown version"))
         try:
             return importlib.metadata.version(facts.DIST)
         except importlib.metadata.PackageNotFoundError:
             return None
 
     # ------------------------------------------------------------------ can it run?
-    def pair_verdict(self, op: str, env) -> Verdict:
-        return facts.pair_verdict(self.name, op, env)
+    def declared_envelopes(self, op: str):
+        return facts.envelopes(op)
 
-    def envelopes(self, op: str, env=None, sm: int | None = None):
-        return facts.envelopes(op, env, sm)
-
-    def load(self, op: str) -> Verdict:
-        if op not in self.ops:
-            return Verdict.no(f"{self.name} serves {sorted(self.ops)}, not {op!r}")
-        library = Library(facts.DIST, self.version() or "unknown version", facts.INSTALL, facts.INSTALL_HINT)
-        _, verdict = load_entry_point(f"{self.name}:{op}", op, facts.MODULE, facts.ENTRY, library, self._import)
-        return verdict
-
-    def check(self, case, env) -> Verdict:
-        return floors_then_library(self.pair_verdict(case.op, env), lambda: self._library_verdict(case))
-
-    def _unsupported(self, case) -> str | None:
+    def unsupported(self, case) -> str | None:
         if case.H > case.HV:
             return (f"FlashQLA has no GQA (H={case.H} query heads > HV={case.HV} value heads); it needs HV a "
                     "multiple of H (chunk/__init__.py:421)")
@@ -102,26 +85,20 @@ class FlashQlaBackend:
             return "FlashQLA has no beta_guard (cuDNN's erase-side safeguard)"
         return None
 
-    def _library_verdict(self, case) -> Verdict:
-        loaded = self.load(case.op)
-        if not loaded.runnable:
-            return loaded
-        reason = self._unsupported(case)
-        if reason:
-            return Verdict.no(reason)
-        notes = []
+    def conversion_notes(self, case) -> list[str]:
         if case.initial_state and case.state_dtype != "fp32":
-            notes.append(f"initial_state cast {case.state_dtype} -> fp32 (the dtype FLA hands FlashQLA) and "
-                         "transposed [N, HO, V, K] -> [N, HV, K, V]")
-        return Verdict.ok(*notes)
+            return [f"initial_state cast {case.state_dtype} -> fp32 (the dtype FLA hands FlashQLA) and "
+                    "transposed [N, HO, V, K] -> [N, HV, K, V]"]
+        return []
 
     # ------------------------------------------------------------------ the call
     def run(self, case, inputs: dict):
         fn = getattr(self._import(facts.MODULE), facts.ENTRY)
         layout = case.layout
-        q, k, v, g, beta = (_to_btd(inputs[n], layout) for n in ("q", "k", "v", "g", "beta"))
+        q, k, v, g, beta = (to_btd(inputs[n], layout) for n in ("q", "k", "v", "g", "beta"))
         cu_seqlens = inputs["cu_seqlens"].to(torch.int64) if layout == "thd" else None
-        o, final_state = fn(q, k, v, g, beta, scale=case.scale, initial_state=_state_to_fla(inputs.get("initial_state")),
-                            output_final_state=True, use_qk_l2norm_in_kernel=case.l2norm, cu_seqlens=cu_seqlens,
-                            state_v_first=False, auto_cp=True)
-        return _from_btd(o, layout), _state_from_fla(final_state)
+        h0 = state_to_key_major_fp32(inputs.get("initial_state"))
+        o, final_state = fn(q, k, v, g, beta, scale=case.scale, initial_state=h0, output_final_state=True,
+                            use_qk_l2norm_in_kernel=case.l2norm, cu_seqlens=cu_seqlens, state_v_first=False,
+                            auto_cp=True)
+        return from_btd(o, layout), state_widened_to_fp32(final_state)

@@ -59,7 +59,7 @@ def _range(version: str | None, dist: str, spec: str, why: str, unmet: list[str]
                      "(in an environment without cuDNN FE 1.32, which needs apache-tvm-ffi 0.1.15)")
 
 
-def pair_verdict(backend: str, op: str, env: Env) -> Verdict:
+def floors(backend: str, op: str, env: Env) -> Verdict:
     """Our floors for ``flashqla:gdn``: CUDA on SM90/100/103, flash-qla and tilelang at their floors, and TileLang's
     own pins of apache-tvm-ffi and z3-solver (the conflict with cuDNN FE shows here, before any import)."""
     pair = f"{backend}:{op}"

@@ -25,15 +25,14 @@ than a silent fallback (``impl="mosaic_gpu"`` by name, never ``"auto"``). Import
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import torch
 
-from deltacheck.plugin import floors_then_library
+from deltacheck.plugin import FusedAdapter
 
-from ..base import LibraryContractError, Verdict
-from ..loading import Library, library_version, load_entry_point
+from ..base import LibraryContractError
+from ..loading import library_version
 from . import bridge, facts
 from .facts import HEAD_DIMS, INSTALL_HINT, IO_DTYPES, KINDS
 
@@ -75,7 +74,7 @@ def library_state(h0: torch.Tensor | None) -> torch.Tensor | None:
     return None if h0 is None else h0.transpose(-1, -2)
 
 
-class JaxBackend:
+class JaxBackend(FusedAdapter):
     """jax-linear-attention's Mosaic GPU kernels as a deltacheck backend.
 
     ``module``: a stand-in for the ``jla.ops`` module (tests/doubles/jax_la.py); ``jax``: a stand-in for the
@@ -85,11 +84,13 @@ class JaxBackend:
     name = "jax"
     ops = frozenset(KINDS)
     version_key = "jax_linear_attention"
+    facts = facts
+    dist, install, not_installed = facts.DIST, facts.INSTALL, INSTALL_HINT
+    entry_points = {op: (facts.MODULE, facts.ENTRY_POINT) for op in KINDS}
 
     def __init__(self, module=None, *, jax=None, importer=None):
-        self._module = module
+        super().__init__(module, importer=importer)
         self._jax = jax
-        self._importer = importer or importlib.import_module
         self._jitted: dict[tuple, object] = {}
 
     # ------------------------------------------------------------------ the library
@@ -113,26 +114,8 @@ class JaxBackend:
         return self._import(facts.MODULE)
 
     # ------------------------------------------------------------------ can it run?
-    def pair_verdict(self, op: str, env) -> Verdict:
-        return facts.pair_verdict(self.name, op, env)
-
-    def envelopes(self, op: str, env=None, sm: int | None = None):
-        if (env is not None and not env.cuda) or op not in facts.ENVELOPES:
-            return []
-        envelope = facts.ENVELOPES[op]
-        if sm is not None and envelope.sms and sm not in envelope.sms:
-            return []
-        return [envelope]
-
-    def check(self, case, env) -> Verdict:
-        return floors_then_library(self.pair_verdict(case.op, env), lambda: self._library_verdict(case))
-
-    def load(self, op: str) -> Verdict:
-        if op not in self.ops:
-            return Verdict.no(f"{self.name} serves {sorted(self.ops)}, not {op!r}")
-        library = Library(facts.DIST, self.version(), facts.INSTALL, INSTALL_HINT)
-        _, verdict = load_entry_point(f"{self.name}:{op}", op, facts.MODULE, facts.ENTRY_POINT, library, self._import)
-        return verdict
+    def declared_envelopes(self, op: str):
+        return [facts.ENVELOPES[op]] if op in facts.ENVELOPES else []
 
     def unsupported(self, case) -> str | None:
         """What jla's entry point cannot express for this case (our reading of its source), or None."""
@@ -160,19 +143,13 @@ class JaxBackend:
             return f"jla {kind} needs H * K a multiple of 128 (vector_gate_ops.py SCAN_WIDTH); H*K = {case.H * case.K}"
         return None
 
-    def _library_verdict(self, case) -> Verdict:
-        loaded = self.load(case.op)
-        if not loaded.runnable:
-            return loaded
-        reason = self.unsupported(case)
-        if reason:
-            return Verdict.no(reason)
+    def conversion_notes(self, case) -> list[str]:
         notes = []
         if case.layout == "thd" and case.N > 1:
             notes.append(f"thd of {case.N} equal-length sequences passed as a batch [N, L, ...]: jla has no cu_seqlens")
         if case.initial_state:
             notes.append("initial_state transposed [N, HO, V, K] -> [N, HO, K, V] (jla's key-major state)")
-        return Verdict.ok(*notes)
+        return notes
 
     # ------------------------------------------------------------------ the call
     def _function(self, case):

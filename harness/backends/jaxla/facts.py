@@ -49,7 +49,7 @@ IO_DTYPES = {"gdn": ("bf16", "fp16"), "gdp": ("bf16", "fp16"), "kda": ("bf16",),
 FLOORS = {DIST: FLOOR, "jax": f"=={JAX_PIN}", "GPU": "SM90 exactly (jla's is_hopper)"}
 
 
-def pair_verdict(backend: str, op: str, env: Env) -> Verdict:
+def floors(backend: str, op: str, env: Env) -> Verdict:
     """Our floors for ``jax:op`` on ``env``: CUDA on SM90, jla >= 0.1.0 and the JAX it pins."""
     pair = f"{backend}:{op}"
     unmet: list[str] = []

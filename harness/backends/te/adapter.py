@@ -34,7 +34,6 @@ express live beside it, in ``facts.py``.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import sys
 
 import torch
@@ -43,7 +42,7 @@ from deltacheck.harness.judge.margins import with_margin
 from deltacheck.plugin import floors_then_library
 
 from ..base import LibraryContractError, Verdict
-from ..loading import Library, load_entry_point
+from ..loading import Library, library_version, load_entry_point
 from . import facts
 from .facts import ENTRY_POINTS, FLAGS, HEAD_DIMS, INSTALL_HINT, QKV_FORMAT
 
@@ -139,13 +138,7 @@ class TeBackend:
 
     def _version(self) -> str:
         source = self._module if self._module is not None else sys.modules.get("transformer_engine")
-        version = getattr(source, "__version__", None)
-        if version is None:
-            try:
-                version = importlib.metadata.version("transformer_engine")
-            except importlib.metadata.PackageNotFoundError:
-                version = "unknown version"
-        return str(version)
+        return library_version(source, "transformer_engine", "unknown version")
 
     def _instance(self, case) -> torch.nn.Module:
         """The module for this configuration, constructed once (the modules hold no parameters)."""
@@ -195,7 +188,7 @@ class TeBackend:
     # ------------------------------------------------------------------ can it run?
     def pair_verdict(self, op: str, env) -> Verdict:
         """Our floors for this backend and op from the Env alone (facts.py); no import of TransformerEngine."""
-        return facts.pair_verdict(self.name, op, env)
+        return facts.floors(self.name, op, env)
 
     def check(self, case, env) -> Verdict:
         return floors_then_library(self.pair_verdict(case.op, env), lambda: self._library_verdict(case))

@@ -50,7 +50,7 @@ QKV_FORMAT = {"thd": "thd", "bshd": "bshd", "sbhd": "sbhd", "bhsd": "bshd"}
 FLOORS = {DIST: FLOOR, "cuDNN frontend op underneath": "as the cudnn backend (docs/libraries.md)"}
 
 
-def pair_verdict(backend: str, op: str, env: Env) -> Verdict:
+def floors(backend: str, op: str, env: Env) -> Verdict:
     """Our floors for ``te:op`` / ``te-checkpoint:op`` on ``env``: CUDA, TE >= 2.20, and on a GPU machine
     everything the cuDNN frontend op under the module needs (its engines' SMs and runtimes)."""
     pair = f"{backend}:{op}"
@@ -61,7 +61,7 @@ def pair_verdict(backend: str, op: str, env: Env) -> Verdict:
     package_floor(env.version("transformer_engine"), DIST, FLOOR, "no linear-attention modules before 2.20", INSTALL,
                   unmet, notes)
     if env.cuda:
-        under = cudnn_facts.pair_verdict(op, env)
+        under = cudnn_facts.floors("cudnn", op, env)
         if not under.runnable:
             unmet.append(f"the cuDNN frontend op under {ENTRY_POINTS[op]} ({cudnn_facts.ENTRY_POINTS[op]}) cannot "
                          f"run here: {strip_pair(under.reason, f'cudnn:{op}')}")

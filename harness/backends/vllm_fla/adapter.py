@@ -23,35 +23,34 @@ copy", gives the source line of each):
 
 from __future__ import annotations
 
-import importlib
 import os
 
 import torch
 
 from deltacheck.harness.judge.margins import with_margin
 from deltacheck.harness.records.cachedir import cache_root
-from deltacheck.plugin import floors_then_library
+from deltacheck.plugin import FusedAdapter
 
-from ..base import Verdict
-from ..fla.adapter import _from_btd, _to_btd
-from ..loading import Library, library_version, load_entry_point
+from ..layouts import from_btd, to_btd
+from ..loading import library_version
 from . import facts
 from .facts import CHUNK, CHUNK_MAX_K, INSTALL_HINT, RECURRENT
 
 
-class VllmFlaBackend:
+class VllmFlaBackend(FusedAdapter):
     """vLLM's FLA copy. ``module``: a namespace holding the two functions (a contract double in tests);
     default: ``vllm.third_party.flash_linear_attention.ops``, imported lazily."""
 
     ops = frozenset(CHUNK)
     version_key = "vllm"
+    facts = facts
+    dist, install, not_installed = facts.DIST, facts.INSTALL, INSTALL_HINT
 
     def __init__(self, module=None, *, recurrent: bool = False, importer=None):
-        self._module = module
-        self._importer = importer or importlib.import_module
+        super().__init__(module, importer=importer)
         self.recurrent = recurrent
         self.name = "vllm-fla-recurrent" if recurrent else "vllm-fla"
-        self._entry = RECURRENT if recurrent else CHUNK
+        self.entry_points = RECURRENT if recurrent else CHUNK
 
     # ------------------------------------------------------------------ the library
     def _import(self, name: str):
@@ -66,38 +65,16 @@ class VllmFlaBackend:
     def version(self) -> str | None:
         return library_version(self._module, facts.DIST)
 
-    def pair_verdict(self, op: str, env) -> Verdict:
-        return facts.pair_verdict(self.name, op, env)
-
-    def envelopes(self, op: str, env=None, sm: int | None = None):
-        if env is not None and not env.cuda:
-            return []
+    def declared_envelopes(self, op: str):
         return facts.envelopes(self.name, op)
 
-    def load(self, op: str) -> Verdict:
-        if op not in self.ops:
-            return Verdict.no(f"{self.name} serves {sorted(self.ops)}, not {op!r}")
-        module_name, attr = self._entry[op]
-        library = Library(facts.DIST, self.version() or "unknown version", facts.INSTALL, INSTALL_HINT)
-        return load_entry_point(f"{self.name}:{op}", op, module_name, attr, library, self._import)[1]
-
-    def check(self, case, env) -> Verdict:
-        return floors_then_library(self.pair_verdict(case.op, env), lambda: self._library_verdict(case))
-
-    def _library_verdict(self, case) -> Verdict:
-        loaded = self.load(case.op)
-        if not loaded.runnable:
-            return loaded
-        reason = self._unsupported(case)
-        if reason:
-            return Verdict.no(reason)
-        return Verdict.ok(*self._conversion_notes(case), backward=False,
-                          backward_reason=f"vLLM's FLA copy {self._entry[case.op][1]} is inference only (its "
-                                          "autograd Function has no backward); use backend 'fla' for gradients")
+    def no_backward(self, case) -> str:
+        return (f"vLLM's FLA copy {self.entry_points[case.op][1]} is inference only (its autograd Function has no "
+                "backward); use backend 'fla' for gradients")
 
     # ------------------------------------------------------------------ what the copy cannot express
-    def _unsupported(self, case) -> str | None:
-        fn = f"vLLM's FLA copy {self._entry[case.op][1]}"
+    def unsupported(self, case) -> str | None:
+        fn = f"vLLM's FLA copy {self.entry_points[case.op][1]}"
         if case.H > case.HV:
             return f"{fn} has no GQA (H={case.H} query heads > HV={case.HV} value heads); GVA only"
         if case.HK != case.H:
@@ -117,7 +94,7 @@ class VllmFlaBackend:
             return f"{fn} asserts scale > 0, got {case.scale}"
         return None
 
-    def _conversion_notes(self, case) -> list[str]:
+    def conversion_notes(self, case) -> list[str]:
         if not self.recurrent:
             return []
         notes = ["state pool [N + 1, HV, V, K] fp32 (slot 0 null, sequence n in slot n + 1) with ssm_state_indices "
@@ -128,21 +105,21 @@ class VllmFlaBackend:
 
     # ------------------------------------------------------------------ the call
     def run(self, case, inputs: dict):
-        fn = getattr(self._import(self._entry[case.op][0]), self._entry[case.op][1])
+        fn = getattr(self._import(self.entry_points[case.op][0]), self.entry_points[case.op][1])
         if self.recurrent:
             return self._run_recurrent(fn, case, inputs)
-        q, k, v, g, beta = (_to_btd(inputs[n], case.layout) for n in ("q", "k", "v", "g", "beta"))
+        q, k, v, g, beta = (to_btd(inputs[n], case.layout) for n in ("q", "k", "v", "g", "beta"))
         kwargs = {"scale": case.scale, "output_final_state": True, "use_qk_l2norm_in_kernel": case.l2norm,
                   # value-major [N, HV, V, K] is the copy's own orientation (chunk.py docstring, chunk_delta_h.py)
                   "initial_state": with_margin(inputs.get("initial_state"))}
         if case.layout == "thd":
             kwargs["cu_seqlens"] = inputs["cu_seqlens"]
         o, final_state = fn(q, k, v, g, beta, **kwargs)
-        return _from_btd(o, case.layout), final_state.transpose(-1, -2)
+        return from_btd(o, case.layout), final_state.transpose(-1, -2)
 
     def _run_recurrent(self, fn, case, inputs: dict):
         layout, N = case.layout, case.N
-        q, k, v, g, beta = (_to_btd(inputs[n], layout) for n in ("q", "k", "v", "g", "beta"))
+        q, k, v, g, beta = (to_btd(inputs[n], layout) for n in ("q", "k", "v", "g", "beta"))
         pool = torch.zeros(N + 1, case.HO, case.V, case.K, dtype=torch.float32, device=q.device)
         if inputs.get("initial_state") is not None:
             pool[1:] = inputs["initial_state"]
@@ -151,4 +128,4 @@ class VllmFlaBackend:
         kwargs = {"cu_seqlens": inputs["cu_seqlens"]} if layout == "thd" else {}
         o, pool = fn(q, k, v, g, beta, scale=case.scale, initial_state=pool, inplace_final_state=True,
                      ssm_state_indices=indices, use_qk_l2norm_in_kernel=case.l2norm, **kwargs)
-        return _from_btd(o, layout), pool[1:].transpose(-1, -2)
+        return from_btd(o, layout), pool[1:].transpose(-1, -2)

@@ -40,7 +40,7 @@ SERVING_KWARGS = ("ssm_state_indices", "num_accepted_tokens", "inplace_final_sta
 NULL_SLOT = 0
 
 
-def pair_verdict(backend: str, op: str, env: Env) -> Verdict:
+def floors(backend: str, op: str, env: Env) -> Verdict:
     """Our floors for ``vllm-fla:op`` / ``vllm-fla-recurrent:op``; the copy still decides per case."""
     unmet: list[str] = []
     notes: list[str] = []
