@@ -7,6 +7,7 @@ import json
 import sys
 
 import fake_backends
+import pytest
 from child_env import TESTS
 from test_runner import CASE_IDS, records, run
 
@@ -101,6 +102,24 @@ def test_a_plugin_with_envelopes_gets_generated_cases_like_the_builtins():
     added = [c for c in with_plugin if c.id not in plain]
     assert plain <= {c.id for c in with_plugin}  # the tier grows, nothing of it is dropped
     assert added and all(envelope.serves(c)[0] for c in added), [c.id for c in added][:3]
+
+
+@pytest.mark.parametrize("spec", ["jax", "flashinfer-decode"])
+def test_a_builtin_without_tier_targets_gets_its_envelope_cases_when_named(spec):
+    """jax-linear-attention and FlashInfer are not generated for in L0 (TIER_TARGETS); naming one in a run appends
+    the cases inside its envelopes, the tier's own ids unchanged and first, so an L0 run of it judges what it serves."""
+    from deltacheck.harness.backends.base import get_backend
+    from deltacheck.harness.backends.table import TIER_ON_DEMAND, TIER_TARGETS
+    from deltacheck.harness.ci.tiers import select
+
+    assert spec in TIER_ON_DEMAND and spec not in {s for s, _ in TIER_TARGETS}
+    plain = [c.id for c in select("L0")]
+    named = select("L0", backends=[spec])
+    assert [c.id for c in named[:len(plain)]] == plain
+    backend = get_backend(spec)
+    served = lambda cases: [c for c in cases if c.op in backend.ops and backend.unsupported(c) is None]  # noqa: E731
+    assert len(served(named)) > len(served(select("L0"))) + 5
+    assert select("L0", backends=["fla"]) == select("L0")  # a built-in with tier targets adds nothing
 
 
 def test_a_plugin_written_against_the_old_api_still_runs_in_process_and_in_workers(tmp_path):

@@ -24,7 +24,7 @@ from deltacheck.cases.matrix import envelope_cases, filter_cases
 from deltacheck.cases.matrix import generate_tier as generated_tier
 from deltacheck.cases.support import OP_SUPPORT, OPS
 
-from ..backends.table import TIER_TARGETS
+from ..backends.table import TIER_ON_DEMAND, TIER_TARGETS
 from ..machine.availability import backend_envelope
 from ..records.cachedir import cache_root
 
@@ -65,12 +65,12 @@ def tier_cache_file(tier: str, envelopes) -> Path | None:
 
 
 def plugin_envelopes(specs) -> list[EnvelopeUnion]:
-    """The envelopes third-party backends (``pkg.mod:attr``) among ``specs`` declare (on any architecture): a
-    plug-in with an ``envelopes`` hook gets cases generated inside them, as the built-ins of ``TIER_TARGETS`` do. A
-    plug-in that cannot load or whose hook raises adds none (its tasks then say why it cannot run)."""
+    """The envelopes third-party backends (``pkg.mod:attr``) and the built-ins of ``TIER_ON_DEMAND`` among
+    ``specs`` declare (on any architecture): such a backend gets cases generated inside them, as the built-ins of
+    ``TIER_TARGETS`` do. One that cannot load or whose hook raises adds none (its tasks then say why it cannot run)."""
     out = []
     for spec in specs:
-        if ":" not in spec:
+        if ":" not in spec and spec not in TIER_ON_DEMAND:
             continue
         for op in OPS:
             try:
@@ -123,4 +123,4 @@ def select(tier: str = "L0", op: str | None = None, k: str | None = None, backen
 
 
 def _plugins(backends) -> tuple[str, ...]:
-    return tuple(sorted({spec for spec in backends or () if ":" in spec}))
+    return tuple(sorted({spec for spec in backends or () if ":" in spec or spec in TIER_ON_DEMAND}))

@@ -97,12 +97,18 @@ class _Graph:
         self.selected_engine = None if engine is None else _Engine(engine)
 
 
+def _refuse_strided(name: str, grad: torch.Tensor) -> None:
+    if not grad.is_contiguous():
+        raise ValueError(f"GdnCuTileEngine: buffer for '{name}' must be contiguous (the cuTile backend stages "
+                         f"rank-merged views); got shape {tuple(grad.shape)} strides {grad.stride()}")
+
+
 def _execute_graph(graph, variant_pack=None, workspace=None, handle=None):
     """FE's ops/common.py execute_graph; the double has already computed the answer."""
 
 
 def make(*, decline=None, backward_decline=None, first_call_error=None, exact=True, version=VERSION,
-         engine_decline=None, order=None):
+         engine_decline=None, order=None, contiguous_grads=False):
     """A fresh double module.
 
     ``decline(fn_name, call) -> str | None``: a reason makes planning raise cudnnGraphNotSupportedError;
@@ -111,6 +117,8 @@ def make(*, decline=None, backward_decline=None, first_call_error=None, exact=Tr
     ``mod.calls`` records each call's arguments, for tests that inspect what the adapter passed.
     ``engine_decline(engine, fn_name, call) -> str | None``: one engine's refusal (a pin to it raises; default
     routing moves on to the next engine of ``order``, ``{fn_name: (engine, ...)}``, default PLANS order).
+    ``contiguous_grads``: the backward refuses a strided incoming ``d_out`` / ``d_final_state`` with FE 1.32
+    cuTile's ValueError (``cutile/engine.py`` stages rank-merged views of every buffer).
     """
     mod = types.ModuleType("cudnn_linear_attention_double")
     mod.__version__ = version
@@ -226,6 +234,10 @@ def make(*, decline=None, backward_decline=None, first_call_error=None, exact=Tr
 
                 if o.requires_grad:
                     o.register_hook(refuse)
+        if contiguous_grads:
+            for name, t in (("d_out", o), ("d_final_state", final_state)):
+                if t.requires_grad:
+                    t.register_hook(lambda grad, name=name: _refuse_strided(name, grad))
         if not call["output_final_state"]:
             final_state = torch.empty(0, dtype=state_dtype, device=q.device)
         return o, final_state

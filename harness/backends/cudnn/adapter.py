@@ -41,6 +41,7 @@ from ..base import Verdict
 from ..loading import Library, library_version, load_entry_point
 from . import facts
 from .facts import ENTRY_POINTS, INSTALL_HINT
+from .gradients import contiguous_grad
 from .packing import conform, from_thd, op_keywords, state_from_cudnn, state_to_cudnn, to_thd
 from .serving import CudnnServing
 
@@ -181,6 +182,7 @@ class CudnnBackend(CudnnServing):
             del _SEEN[:]
             self._served = seen[0] if seen else ("not recorded (no execute_graph seen)" if watched else
                                                  "not recorded (this FE has no ops.<op>.execute_graph)")
+        o, final_state = contiguous_grad(o), contiguous_grad(final_state)  # gradients.py: FE refuses strided ones
         return from_thd(o, layout, case.N), state_from_cudnn(final_state), notes
 
     def served(self) -> dict:
