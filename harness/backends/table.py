@@ -56,7 +56,7 @@ BUILTINS: tuple[BuiltinBackend, ...] = (
                    floors="deltacheck.harness.backends.fla.facts:floors", envelopes=True, tier_targets=(None,),
                    fused=True, lanes=("fla",)),
     BuiltinBackend("te", ("te", "te-checkpoint"), distribution="transformer-engine", version_key="transformer_engine",
-                   floors="deltacheck.harness.backends.te.facts:floors", envelopes=True),
+                   floors="deltacheck.harness.backends.te.facts:floors"),  # TeBackend declares no envelopes()
     BuiltinBackend("vllm_fla", ("vllm-fla", "vllm-fla-recurrent"), distribution="vllm", version_key="vllm",
                    floors="deltacheck.harness.backends.vllm_fla.facts:floors", envelopes=True,
                    tier_targets=(None,)),
@@ -86,7 +86,7 @@ def packages(*, optional: bool | None = None) -> list[str]:
 
 FUSED_DEFAULT: tuple[str, ...] = tuple(b.names[0] for b in BUILTINS if b.fused)
 TIER_TARGETS: tuple[tuple[str, int | None], ...] = tuple((b.names[0], sm) for b in BUILTINS for sm in b.tier_targets)
-# Built-ins that declare envelopes but no tier targets (TE, jax-linear-attention, FlashInfer): a run that names one
+# Built-ins that declare envelopes but no tier targets (jax-linear-attention, FlashInfer): a run that names one
 # gets the cases inside its envelopes appended to the tier, as a plug-in does, so `run --tier L0 --backend jax`
 # judges what jax serves while L0 for everyone else (and its size in CI) stays as it is.
 TIER_ON_DEMAND: tuple[str, ...] = tuple(n for b in BUILTINS if b.envelopes and not b.tier_targets for n in b.names)
