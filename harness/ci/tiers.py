@@ -70,7 +70,7 @@ def plugin_envelopes(specs) -> list[EnvelopeUnion]:
     ``TIER_TARGETS`` do. One that cannot load or whose hook raises adds none (its tasks then say why it cannot run)."""
     out = []
     for spec in specs:
-        if ":" not in spec and spec not in TIER_ON_DEMAND:
+        if not _appends_cases(spec):
             continue
         for op in OPS:
             try:
@@ -122,5 +122,10 @@ def select(tier: str = "L0", op: str | None = None, k: str | None = None, backen
     return filter_cases(_tier(tier, _plugins(backends)), op, k)
 
 
+def _appends_cases(spec: str) -> bool:
+    """A plug-in, or a built-in of ``TIER_ON_DEMAND``: naming it in a run appends its envelopes' cases."""
+    return ":" in spec or spec in TIER_ON_DEMAND
+
+
 def _plugins(backends) -> tuple[str, ...]:
-    return tuple(sorted({spec for spec in backends or () if ":" in spec or spec in TIER_ON_DEMAND}))
+    return tuple(sorted({spec for spec in backends or () if _appends_cases(spec)}))
