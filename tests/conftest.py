@@ -20,8 +20,11 @@ if os.environ.get("DELTACHECK_TIER_CACHE") != "0" and not os.environ.get("DELTAC
     atexit.register(shutil.rmtree, _tier_cache, ignore_errors=True)
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # One thread per xdist worker: the CI machine has 2 cores and runs 2 workers.
+    # One thread per xdist worker: the CI machine has 2 cores and runs 2 workers. The processes a test starts
+    # (deltacheck runs, their pool workers, inner pytests) inherit one thread too, unless the caller set
+    # OMP_NUM_THREADS: two workers each waiting on a child that spins two OpenMP threads oversubscribe the cores.
     torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_addoption(parser):

@@ -296,6 +296,7 @@ def test_with_several_gpus_each_worker_is_pinned_to_one(tmp_path, monkeypatch):
     from deltacheck.harness.run import pool
 
     seen, threads = {}, {}
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the suite's own setting (conftest.py) is not a user's
 
     def fake_workers(queue, results_path, opts, on_done, env=None, task_timeout=None):
         seen[results_path.name] = env["CUDA_VISIBLE_DEVICES"]
