@@ -5,6 +5,7 @@
 #     graph replay and batch invariance over the training tier L0 (ops in turn: serving_run.interleave_ops);
 #   flashkda (vLLM's _flashkda_C), cudnn: causality and graph replay over the training tier L0;
 #   vllm-fla through `deltacheck run` on the empty-sequence cases of its known issue, with their controls.
+# vllm-fla (both jobs) runs with VLLM_TRITON_FORCE_FIRST_CONFIG=1 (below).
 # Run from the device's checkout with the worktree carried at .carry/$W, the wheels at .whl and vLLM's subtree at
 # .vllm. FLA goes into /tmp/$W-site; cuDNN FE + tvm-ffi into /tmp/$W-site-cudnn, on the cudnn process's path only.
 # kda_hopper_cuda compiles with CUDAToolkit_ROOT and CUDA_HOME unset; without the cuTile toolchain those engines
@@ -36,9 +37,13 @@ snap() { tar czf "$OUT/snap.tgz" -C /tmp "$W-logs" "$W-runs" 2>/dev/null && mv "
 ( while sleep 20; do snap; done ) & SNAP=$!
 SERVE="python3 -m deltacheck.harness.run.serving_run --tier L0 --serving-tier L0 --budget-s $BUDGET_S"
 ALL=pool_integrity,decode_chain,speculative,checkpoints,causality,graph_replay,batch_invariance
-for b in fla-recurrent fla vllm-fla-recurrent vllm-fla; do
+for b in fla-recurrent fla vllm-fla-recurrent; do
   job "$b" "$SITE:$BASE" $SERVE --backend "$b" --checks $ALL --out "$L/$b.json"
 done
+# vLLM's own switch: one config per chunk kernel instead of autotuning (last session's vllm-fla finished no case
+# inside 85 s of first compiles); the recurrent kernel has no autotuning.
+export VLLM_TRITON_FORCE_FIRST_CONFIG=1
+job vllm-fla "$SITE:$BASE" $SERVE --backend vllm-fla --checks $ALL --out "$L/vllm-fla.json"
 job flashkda "$SITE:$BASE" $SERVE --backend flashkda --checks causality,graph_replay --out "$L/flashkda.json"
 job cudnn "$CSITE:$SITE:$BASE" $SERVE --backend cudnn --checks causality,graph_replay --out "$L/cudnn.json"
 EMPTY=(--case 'gdn-bf16-thd-N3-T[0_1_65]-H2/2/2-K96-V96-typical' --case 'gdn-bf16-thd-N3-T[0_1_65]-H2/2/2-K96-V96-typical-h0'
