@@ -196,6 +196,23 @@ class GraphKeepsInputs(Clean):
         return lambda: self.run(case, frozen)
 
 
+class UnwrittenAfterEmpty(Clean):
+    """Leaves the outputs of every sequence after an empty one unwritten (inf here): a chunk kernel that numbers the
+    chunks past an empty sequence wrongly (vLLM 0.33's chunk path). Two eager calls then differ by inf - inf, a spread
+    that bounds any replay."""
+
+    name = "serving-unwritten"
+
+    def run(self, case, inputs):
+        out, state = super().run(case, inputs)
+        offsets = inputs["cu_seqlens"].tolist()
+        empty = [n for n in range(len(offsets) - 1) if offsets[n] == offsets[n + 1]]
+        if empty:
+            out = out.clone()
+            out[offsets[empty[0] + 1]:] = float("inf")
+        return out, state
+
+
 class CheckpointAfter(Clean):
     """Checkpoint rows one cadence late (the state after p + N tokens): drops p = 0 and may emit the final state."""
 

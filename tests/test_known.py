@@ -446,6 +446,18 @@ H200_KDA_HOPPER_DSL_PASSED = [
 
 
 H200_FI = replace(H200, versions={**H200.versions, "flashinfer": "0.7.2.post1"})
+H200_VLLM = replace(H200, versions={**H200.versions, "vllm": "0.33.0"})
+
+# vLLM 0.33's FLA copy, chunk path, on the H200 (2026-12-02, issue 26, bench/serving_h200.sh): every case run.
+H200_VLLM_CHUNK_FAILED = [
+    "gdn-bf16-thd-N3-T[0_1_65]-H2/2/2-K96-V96-typical",
+    "gdn-bf16-thd-N3-T[0_1_65]-H2/2/2-K96-V96-typical-h0",
+    "gdn-bf16-thd-N6-T[63_1_0_64_65_2]-H2/2/2-K128-V64-typical-state_bf16-l2norm",
+]
+H200_VLLM_CHUNK_PASSED = [
+    "gdn-bf16-thd-N3-T[1_65_0]-H2/2/2-K96-V96-typical",
+    "gdn-bf16-thd-N2-T[1_65]-H2/2/2-K96-V96-typical",
+]
 
 
 # The FlashInfer lists are defined further down; the parameters are read when the module is collected.
@@ -459,6 +471,8 @@ def _shipped_entry_params():
          H200_FI_PREFILL_FAILED, H200_FI_PREFILL_PASSED),
         ("flashinfer-gdn-decode-fp16-bf16-level-error", "flashinfer-decode", "flashinfer", H200_FI,
          H200_FI_DECODE_FAILED, H200_FI_DECODE_PASSED),
+        ("vllm-fla-chunk-empty-sequence-misnumbers-chunks", "vllm-fla", "vllm-fla-recurrent", H200_VLLM,
+         H200_VLLM_CHUNK_FAILED, H200_VLLM_CHUNK_PASSED),
     ]
 
 

@@ -88,6 +88,14 @@ def test_graph_replay_catches_a_replay_that_keeps_the_captured_inputs():
     assert result.status == "failed" and result.numbers["out_diff"] > 0.1, result.numbers
 
 
+def test_graph_replay_fails_a_non_finite_result_instead_of_bounding_it_by_an_infinite_spread():
+    # Seen on the H200 (vllm-fla, an empty sequence before others): eager spread inf, so "diff <= spread" held.
+    result = run_check(sb.UnwrittenAfterEmpty(), INVARIANCE_CASES[0], "graph_replay")
+    assert result.numbers["out_spread"] == float("inf")
+    assert result.status == "failed" and not result.numbers["finite"], result.numbers
+    assert run_check(sb.Clean(), INVARIANCE_CASES[0], "graph_replay").numbers["finite"]
+
+
 def test_checkpoints_catch_rows_one_cadence_late():
     result = run_check(sb.CheckpointAfter(), _one("checkpoints"))
     assert result.status == "failed" and result.numbers["checkpoint_err"] > 0.01, result.numbers

@@ -299,3 +299,14 @@ def test_env_lists_the_libraries_and_pairs():
 def test_verdicts_are_verdicts():
     assert isinstance(kda_backend(kda_facts.VLLM).load("gdn"), Verdict)
     assert not kda_backend(kda_facts.VLLM).load("gdn").runnable
+
+
+def test_flashkda_is_judged_by_the_chunked_causal_rule():
+    # FlashKDA is a chunked kernel: the causality check allows it one ulp of its output dtype before the cut
+    # (docs/serving.md), as for cuDNN and FLA's chunk path; the default rule would demand bit-identity.
+    from deltacheck.harness.judge.invariance_checks import causality
+
+    backend = kda_backend(kda_facts.VLLM)
+    backend.pair_verdict = lambda op, env: Verdict.ok()
+    result = causality(backend, KDA_RUNS[0], gate.probe_env())
+    assert result.status == "passed" and result.numbers["rule"] == "chunked", (result.reason, result.numbers)

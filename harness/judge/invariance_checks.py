@@ -130,7 +130,7 @@ def cuda_graph_capture(backend, case, static: dict):
 def graph_replay(backend, case, env, device="cpu") -> CheckResult:
     """Capture once, refill the captured input buffers with fresh inputs of the same shapes (the case at seed + 1),
     replay: the outputs and final state equal an eager call on the fresh inputs bitwise, or within the determinism
-    spread (max |diff| of two eager calls on them)."""
+    spread (max |diff| of two eager calls on them); a non-finite output or state (replay or eager) fails."""
     check = "graph_replay"
     if case.backward:
         return _result(check, backend, case, "declined", "graph replay is checked on forward calls")
@@ -167,9 +167,14 @@ def graph_replay(backend, case, env, device="cpu") -> CheckResult:
         eager = [backend.run(case, fresh) for _ in range(2)]
         spread_out, spread_state = _max_abs(eager[0][0], eager[1][0]), _max_abs(eager[0][1], eager[1][1])
         diff_out, diff_state = _max_abs(got_out, eager[0][0]), _max_abs(got_state, eager[0][1])
+        # A non-finite result makes the spread inf or NaN, which would bound any replay: never a pass.
+        finite = all(bool(torch.isfinite(x.detach()).all()) for x in (got_out, got_state, *eager[0], *eager[1]))
         numbers = {"out_diff": diff_out, "state_diff": diff_state, "out_spread": spread_out,
-                   "state_spread": spread_state,
+                   "state_spread": spread_state, "finite": finite,
                    "bitwise": _bitwise(got_out, eager[0][0]) and _bitwise(got_state, eager[0][1])}
+        if not finite:
+            return _result(check, backend, case, "failed", "non-finite outputs or states (replay or eager): no spread "
+                           "bounds the replay", **numbers)
         if diff_out <= spread_out and diff_state <= spread_state:
             return _result(check, backend, case, "passed", **numbers)
         return _result(check, backend, case, "failed", f"replay on fresh inputs differs from eager: out {diff_out:.3g}"

@@ -30,15 +30,26 @@ ALL_CHECKS = (*SERVING_CHECKS, *INVARIANCE_CHECKS)
 def plan(tier: str, serving_tier: str, checks, op=None) -> list[tuple[str, object]]:
     """(check, case) pairs: each serving case under the check it exists for, then every case of ``tier`` under
     each invariance check asked for, case by case (a budget then cuts cases, not whole checks; one compile serves
-    the case's three checks)."""
+    the case's three checks), the ops taken in turn (``interleave_ops``)."""
     from ..ci.tiers import select
 
     pairs = [(check_for(c), c) for c in serving_cases(serving_tier, op) if check_for(c) in checks]
     # The invariance checks judge forward calls: a backward or continuation case contributes its forward call.
     training = list(dict.fromkeys(c.replace(backward=False, splits=()) for c in (select(tier, op=op) if tier else [])))
+    training = interleave_ops(training)
     order = [name for name in ("causality", "graph_replay", "batch_invariance") if name in checks]
     pairs += [(name, c) for c in training for name in order]
     return pairs
+
+
+def interleave_ops(cases: list) -> list:
+    """The cases op by op in turn (first gdn, first kda, ..., second gdn, ...), each op's own order kept: a budget
+    that cuts the list then leaves every op of the tier some cases instead of judging only the first op's."""
+    by_op: dict[str, list] = {}
+    for case in cases:
+        by_op.setdefault(case.op, []).append(case)
+    columns = list(by_op.values())
+    return [col[i] for i in range(max(map(len, columns), default=0)) for col in columns if i < len(col)]
 
 
 def run(backends, pairs, device: str, budget_s: float | None = None, stream=sys.stdout, lines=None) -> list[dict]:

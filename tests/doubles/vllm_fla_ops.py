@@ -12,11 +12,14 @@ What it pins (vllm 0.33.0 wheel, docs/libraries.md "vLLM's FLA copy"):
 - chunk asserts no fp32 q/k/v and 3-d beta; fused_recurrent reads ``initial_state.stride(0)`` (None raises)
   and asserts scale > 0. Its two state modes: with ``ssm_state_indices`` (vLLM's only use) initial_state is a
   pool, sequence n starts from slot ``ssm_state_indices[n, 0]`` and, with ``inplace_final_state=True``, token
-  t's state goes to slot ``ssm_state_indices[n, t]`` (1-d indices: slot [n]); slots <= 0 (the null block) are
-  skipped, no output and no write. Without indices, sequence n's initial state is read at ROW ``bos`` (its
+  t's state goes to slot ``ssm_state_indices[n, t]`` (below: how the kernel really walks the table). Without indices, sequence n's initial state is read at ROW ``bos`` (its
   first token's offset, fused_recurrent.py:119) and, with ``inplace_final_state=False``, every token's state
   is returned in a buffer of ``k.shape[1]`` rows (one batch row's tokens): what the kernel reads or writes
   past a buffer, the double raises IndexError for;
+- the serving path, read from the kernel (fused_recurrent.py:104-117, 150-160): the table is walked as memory,
+  ``ssm_state_indices[n*stride(0) + i]`` (no token stride: a 1-D table with T > 1 reaches the next sequence's
+  entry), the start entry is ``i = num_accepted_tokens[n] - 1`` (0 without it), a start slot <= 0 returns before
+  any output or state (outputs stay unwritten: NaN here), a per-token slot <= 0 skips that store;
 - no backward: both autograd Functions define none.
 
 Results in fp64 (tests/doubles/__init__.py).
@@ -71,7 +74,32 @@ def _reference(q, k, v, g, beta, cu_seqlens, scale, h0, l2norm):
     return (o.unsqueeze(0) if layout == "thd" else o), ht, B
 
 
-def make(version: str = VERSION):
+def _pointer_walk(table: torch.Tensor):
+    """``(n, i) -> ssm_state_indices[n*stride_seq + i]`` over the table's memory, as the kernel's pointer reads
+    it (fused_recurrent.py:111, 156): ``stride_seq = stride(0)``; the token stride is never applied. A read past
+    the table's storage raises IndexError (on the GPU: an out-of-bounds read)."""
+    memory = table.new_empty(0).set_(table.untyped_storage())
+    stride_seq, base = table.stride(0), table.storage_offset()
+
+    def entry(n: int, i: int) -> int:
+        at = base + n * stride_seq + i
+        if at >= memory.numel():
+            raise IndexError(f"ssm_state_indices read at entry {at}, past its {memory.numel()} entries")
+        return int(memory[at])
+
+    return entry
+
+
+MUTATIONS = (None, "key_major", "null_write", "first_block", "future_gate")
+
+
+def make(version: str = VERSION, mutation: str | None = None):
+    """The double; ``mutation`` plants one serving bug in ``fused_recurrent_gated_delta_rule`` (issue 26's classes):
+    ``key_major`` reads and writes the value-major pool as key-major (S^T), ``null_write`` drops the null-block checks
+    (a null sequence reads and writes slot 0, as a kernel without ``state_idx <= 0`` does), ``first_block`` starts every sequence from slot
+    ``[n, 0]`` whatever ``num_accepted_tokens`` says, ``future_gate`` decays token t with token t+1's gate."""
+    if mutation not in MUTATIONS:
+        raise ValueError(f"unknown mutation {mutation!r}; {MUTATIONS}")
     mod = types.SimpleNamespace(__version__=version, calls=[])
 
     def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -107,8 +135,6 @@ def make(version: str = VERSION):
             assert scale > 0, "scale must be positive"
         if beta is None:
             beta = torch.ones_like(q[..., 0])
-        if num_accepted_tokens is not None:
-            raise NotImplementedError("the double does not model speculative decoding (num_accepted_tokens)")
         B, T, H, HV, K, V = _heads(q, k, v, g, beta)
         initial_state.stride(0)  # the kernel wrapper reads it unconditionally: None raises AttributeError
         pool = initial_state.view(-1, HV, V, K)  # the kernel's pointer arithmetic: rows of [HV, V, K]
@@ -120,38 +146,45 @@ def make(version: str = VERSION):
         flat = [x.reshape(B * T, *x.shape[2:]) for x in (q, k, v, g, beta)]
         rows = T  # the kernel's per-token buffer: q.new_empty(T, HV, V, K) with T = k.shape[1]
         states = None if inplace_final_state else torch.zeros(rows, HV, V, K, dtype=initial_state.dtype)
-        o = torch.zeros(B * T, HV, V, dtype=torch.float64)
+        o = torch.full((B * T, HV, V), float("nan"), dtype=torch.float64)  # new_empty: unwritten rows stay garbage
+        table = None if ssm_state_indices is None else _pointer_walk(ssm_state_indices)
+        key_major = mutation == "key_major"
         for n, (bos, eos) in enumerate(bounds):
             if eos == bos:
-                continue
-            if ssm_state_indices is not None:
-                slot = int(ssm_state_indices.reshape(len(bounds), -1)[n, 0])
-                if slot <= 0:
-                    continue  # the null block: no output, no write
-                h0 = pool[slot].double()
+                continue  # `if T == 0: return`
+            if table is not None:
+                start = 0 if num_accepted_tokens is None or mutation == "first_block" else \
+                    int(num_accepted_tokens[n]) - 1
+                slot = table(n, start)
+                if slot <= 0 and mutation != "null_write":
+                    continue  # the null block: no output, no state read, no write
+                h = pool[slot].double()
             else:  # fused_recurrent.py:119: p_h0 = h0 + bos * HV * V * K, a TOKEN offset, not the sequence's
                 if bos >= pool.shape[0]:
                     raise IndexError(f"fused_recurrent reads sequence {n}'s initial state at row bos={bos}, past "
                                      f"the {pool.shape[0]} rows of initial_state")
-                h0 = pool[bos].double()
-            for t in range(eos - bos):  # the state after each token: a prefix of the sequence
-                seg = [x[bos:bos + t + 1] for x in flat]
-                cu = torch.tensor([0, t + 1], dtype=torch.int32)
-                out_t, ht = reference.gdn(*seg, cu, scale=scale, initial_state=h0.unsqueeze(0),
-                                          output_final_state=True, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                                          layout="thd", state_layout="vk", method="oracle",
-                                          compute_dtype=torch.float64)
-                o[bos + t] = out_t[-1]
+                h = pool[bos].double()
+            if key_major:
+                h = h.transpose(-1, -2)
+            for t in range(eos - bos):
+                seg = [x[bos + t:bos + t + 1] for x in flat]
+                if mutation == "future_gate" and bos + t + 1 < eos:
+                    seg[3] = flat[3][bos + t + 1:bos + t + 2]  # the bug class: a later token's gate
+                out_t, ht = reference.gdn(*seg, torch.tensor([0, 1], dtype=torch.int32), scale=scale,
+                                          initial_state=h.unsqueeze(0), output_final_state=True,
+                                          use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, layout="thd",
+                                          state_layout="vk", method="oracle", compute_dtype=torch.float64)
+                h = ht[0]
+                o[bos + t] = out_t[0]
                 if inplace_final_state:
-                    index = ssm_state_indices.reshape(len(bounds), -1)
-                    slot = int(index[n, t if index.shape[1] > 1 else 0])
-                    if slot > 0:
-                        pool[slot] = ht[0].to(pool.dtype)
+                    slot = table(n, t)
+                    if slot > 0 or mutation == "null_write":
+                        pool[slot] = (h.transpose(-1, -2) if key_major else h).to(pool.dtype)
                 elif bos + t >= rows:
                     raise IndexError(f"fused_recurrent writes token {bos + t}'s state past its buffer of {rows} rows "
                                      f"(B={B} > 1 without cu_seqlens)")
                 else:
-                    states[bos + t] = ht[0].to(states.dtype)
+                    states[bos + t] = h.to(states.dtype)
         final_state = initial_state if inplace_final_state else states
         return _NoBackward.apply(o.reshape(B, T, HV, V)), final_state
 

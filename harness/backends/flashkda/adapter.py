@@ -145,6 +145,11 @@ class FlashKdaBackend(FusedAdapter):
                          "state in the initial state's dtype")
         return notes
 
+    def causal_rule(self, case) -> str:
+        # A chunked kernel (its bf16 state is carried between chunks, docs/libraries.md): the causality check's
+        # one-ulp rule for chunked kernels (docs/serving.md), not the recurrent kernels' bitwise one.
+        return "chunked"
+
     # ------------------------------------------------------------------ the call
     def run(self, case, inputs: dict):
         ops = self._import(facts.MODULES[self.name])

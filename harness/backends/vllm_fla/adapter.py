@@ -35,10 +35,11 @@ from ..layouts import from_btd, to_btd
 from ..loading import library_version
 from . import facts
 from .facts import CHUNK, CHUNK_MAX_K, INSTALL_HINT, RECURRENT
+from .serving import VllmFlaServing
 
 
-class VllmFlaBackend(FusedAdapter):
-    """vLLM's FLA copy. ``module``: a namespace holding the two functions (a contract double in tests);
+class VllmFlaBackend(VllmFlaServing, FusedAdapter):
+    """vLLM's FLA copy (its serving hook: ``serving.py``). ``module``: a namespace holding the two functions (a contract double in tests);
     default: ``vllm.third_party.flash_linear_attention.ops``, imported lazily."""
 
     ops = frozenset(CHUNK)
