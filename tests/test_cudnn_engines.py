@@ -459,3 +459,56 @@ def test_the_backward_gets_contiguous_incoming_gradients(layout, monkeypatch):
     monkeypatch.setattr(adapter, "contiguous_grad", lambda x: x)
     with pytest.raises(ValueError, match="must be contiguous"):
         forward_backward(backend, case, grad_leaves(make_inputs(case), names), names, "cpu")
+
+
+# ------------------------------------------------------------------------------------------------
+# States: FE 1.32's cuTile engines (and kda_hopper) take fp32 states only, "callers convert" (cutile/engine.py). On the
+# H200 (2026-12-02, third session) that refusal declined every bf16-state case with an initial state and errored
+# every continuation that carries its state in bf16. The pinned backends convert, as FE asks.
+
+def _fp32_states_only(engine, fn, call):
+    """The SM90 engines' state gate, in part: cuTile and kda_hopper refuse a non-fp32 initial_state."""
+    state = call["initial_state"]
+    if engine in ("gdn_cutile", "kda_cutile", "kda_hopper") and state is not None and state.dtype != torch.float32:
+        return f"{engine}: 'initial_state' must be fp32 (callers convert), got {state.dtype}"
+    return None
+
+
+SM90_GDN = {"gated_delta_net": ("gdn_cutile",)}  # the only GDN engine on SM90
+
+
+def test_a_pinned_fp32_state_engine_gets_its_bf16_state_converted():
+    double = cudnn_la.make(engine_decline=_fp32_states_only, order=SM90_GDN)
+    backend = adapter.CudnnEngineBackend("gdn_cutile", double, device="cpu")
+    case = Case(op="gdn", seqlens=(6, 5), state_dtype="bf16", initial_state=True)
+    v = backend.check(case, ENV)
+    assert v.runnable, v.reason
+    assert "initial_state cast bf16 -> fp32: cuDNN gdn_cutile (gdn) takes fp32" in v.notes
+    assert double.calls[-1]["initial_state"].dtype == torch.float32
+    # default routing converts nothing: with the one SM90 GDN engine refusing, it is a decline
+    routed = adapter.CudnnBackend(double, device="cpu")
+    v = routed.check(case, ENV)
+    assert not v.runnable and "'initial_state' must be fp32 (callers convert)" in v.reason
+
+
+@pytest.mark.parametrize("engine, op", [("gdn_cutile", "gdn"), ("kda_cutile", "kda")])
+def test_a_continuation_carrying_a_bf16_state_is_judged(engine, op):
+    """The carried bf16 state reaches the pinned engine as fp32: the continuation checks are judged, not errors."""
+    order = {**SM90_GDN, "kimi_delta_attention": ("kda_hopper_cuda", "kda_cutile")}
+    backend = adapter.CudnnEngineBackend(engine, cudnn_la.make(engine_decline=_fp32_states_only, order=order),
+                                         device="cpu")
+    case = Case(op=op, seqlens=(7, 5), state_dtype="bf16", splits=(3,))
+    results = CaseRunner(RunOptions(device="cpu", reference="oracle")).run(case, backend, backend.name,
+                                                                           backend.check(case, ENV))
+    status = {r.check: r.status for r in results}
+    assert status["continuation_ref"] == "pass" and status["continuation_self"] == "pass", status
+
+
+def test_the_pinned_envelopes_admit_the_state_they_convert():
+    for engine in ("gdn_cutile", "kda_cutile", "kda_hopper"):
+        (envelope,) = facts.engine_envelopes(engine)
+        assert "state_dtype" not in envelope.allowed, engine
+    routed = {e.name: e for e in facts.envelopes("gdn", 90, frozenset({"cutile"}))}
+    assert routed["cudnn gdn_cutile"].allowed["state_dtype"] == ("fp32",)  # cuDNN's own routing does not convert
+    (hopper_cuda,) = facts.engine_envelopes("kda_hopper_cuda")
+    assert "state_dtype" not in hopper_cuda.allowed  # it takes bf16 states itself

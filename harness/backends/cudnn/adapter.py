@@ -90,6 +90,7 @@ class CudnnBackend(CudnnServing):
 
     name = "cudnn"
     ops = frozenset(ENTRY_POINTS)
+    engine: str | None = None  # CudnnEngineBackend: the pinned engine (its own dtypes, packing.conform)
 
     version_key = "cudnn_frontend"  # Env.versions key of the distribution (environment.VERSION_KEYS)
 
@@ -147,7 +148,7 @@ class CudnnBackend(CudnnServing):
         tensors["a_log"] = inputs.get("a_log")
         tensors["dt_bias"] = inputs.get("dt_bias")
         tensors["initial_state"] = state_to_cudnn(inputs.get("initial_state"))
-        tensors, notes = conform(case.op, tensors, io)
+        tensors, notes = conform(case.op, tensors, io, self.engine)  # a pinned engine's own dtypes too
 
         if layout == "thd":
             cu_seqlens = inputs["cu_seqlens"]

@@ -13,6 +13,7 @@ NaNs) stays runnable with a ``KNOWN-WRONG`` note, so release qualification can s
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from deltacheck.cases.envelope import Envelope
 from deltacheck.harness.machine.environment import Env, version_below
@@ -307,6 +308,13 @@ ENGINES = {
 }
 
 
+# The engines whose check_support takes fp32 states only and leaves the conversion to the caller: cutile/engine.py
+# cutile_la_gate ("'initial_state' must be fp32 (callers convert)"), hopper/kda_engine.py check_support ("'initial_state'
+# must be fp32"). Their pinned backends convert a bf16 state as asked (exact; noted on the result), so a continuation
+# that carries its state in bf16 is judged instead of refused, and their envelopes admit a bf16 state.
+FP32_STATE_ENGINES = frozenset({"gdn_cutile", "kda_cutile", "kda_hopper"})
+
+
 def engine_backend(engine: str) -> str:
     """The backend name that pins ``engine``: ``cudnn@gdn_cutile``."""
     return f"cudnn@{engine}"
@@ -341,4 +349,7 @@ def engine_verdict(engine: str, env: Env) -> Verdict:
 
 def engine_envelopes(engine: str, sm: int | None = None, present: frozenset[str] | None = None) -> list[Envelope]:
     """The one envelope of ``engine`` (read from its own check_support), where it applies."""
-    return [e for e in envelopes(ENGINES[engine], sm, present) if e.name == f"cudnn {engine}"]
+    found = [e for e in envelopes(ENGINES[engine], sm, present) if e.name == f"cudnn {engine}"]
+    if engine in FP32_STATE_ENGINES:  # the pinned backend converts a bf16 state (FP32_STATE_ENGINES)
+        found = [replace(e, allowed={k: v for k, v in e.allowed.items() if k != "state_dtype"}) for e in found]
+    return found

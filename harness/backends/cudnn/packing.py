@@ -9,14 +9,19 @@ import torch
 
 from deltacheck.harness.judge.margins import with_margin
 
+from .facts import FP32_STATE_ENGINES
+
 _F32, _BF16, _F16 = torch.float32, torch.bfloat16, torch.float16
 
 
-def accepted_dtypes(op: str, name: str, io: torch.dtype) -> tuple[torch.dtype, ...]:
-    """The dtypes FE 1.32 accepts for one argument (ops/{gdn,kda,gdn2,gdp}.py ``check_dtype`` calls).
+def accepted_dtypes(op: str, name: str, io: torch.dtype, engine: str | None = None) -> tuple[torch.dtype, ...]:
+    """The dtypes FE 1.32 accepts for one argument (ops/{gdn,kda,gdn2,gdp}.py ``check_dtype`` calls); with
+    ``engine`` (a pinned one), what that engine takes where it takes less (facts.FP32_STATE_ENGINES).
 
     q/k/v are not listed: their dtype *is* the case (an fp32-io case is for the engines to decline).
     """
+    if name == "initial_state" and engine in FP32_STATE_ENGINES:
+        return (_F32,)
     if name in ("g", "a_log", "dt_bias", "initial_state"):
         return (_F32, _BF16, _F16)
     if name == "beta":
@@ -83,18 +88,20 @@ def op_keywords(case) -> dict:
     return kwargs
 
 
-def conform(op: str, tensors: dict, io: torch.dtype) -> tuple[dict, list[str]]:
-    """Cast each optional/gate tensor the op would reject to an accepted dtype; say so for each."""
+def conform(op: str, tensors: dict, io: torch.dtype, engine: str | None = None) -> tuple[dict, list[str]]:
+    """Cast each optional/gate tensor the op (or the pinned ``engine``) would reject to an accepted dtype; say so
+    for each."""
     out, notes = dict(tensors), []
     for name in ("g", "beta", "w", "a_log", "dt_bias", "initial_state"):
         x = out.get(name)
         if x is None:
             continue
-        accepted = accepted_dtypes(op, name, io)
+        accepted = accepted_dtypes(op, name, io, engine)
         if x.dtype not in accepted:
             target = accepted[0]
             out[name] = with_margin(x, target)  # the cast keeps the NaN margin
-            notes.append(f"{name} cast {short_name(x.dtype)} -> {short_name(target)}: cuDNN {op} accepts "
+            who = f"{engine} ({op}) takes" if accepted != accepted_dtypes(op, name, io) else f"{op} accepts"
+            notes.append(f"{name} cast {short_name(x.dtype)} -> {short_name(target)}: cuDNN {who} "
                          f"{'/'.join(short_name(d) for d in accepted)}")
     return out, notes
 
