@@ -160,3 +160,11 @@ def test_reports_count_cases_per_served_path():
     assert failing[("backward", "triton + tilelang:chunk_bwd_dqkwg")] == 1 and failing[("forward", "triton")] == 0
     text = "\n".join(served_section(served_paths(records), table, lambda s: f"`{s}`"))
     assert "## Results per served path" in text and "`triton + tilelang:chunk_bwd_dqkwg`" in text
+
+
+
+def test_the_run_header_records_flas_version():
+    """The H200 run of 2026-12-02 wrote backend_versions {"fla-dispatch": null}: FlaBackend had no version() hook
+    (the header's backend_versions asks each backend's version(), harness/machine/availability.py)."""
+    b, ops = backend()
+    assert b.version() == ops.__version__ == "0.6.0"
