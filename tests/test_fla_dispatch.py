@@ -20,8 +20,8 @@ from deltacheck.harness.machine import environment
 
 H200 = environment.Env(cuda=True, device_name="NVIDIA H200 (test double)", capability=(9, 0),
                        versions={"fla": "0.6.0", "triton": "3.6.0"})
-K128 = Case(op="gdn", layout="thd", seqlens=(3, 0, 5), H=2, HK=2, HV=2, K=128, V=128, initial_state=True)
-K64 = K128.replace(K=64, V=64)
+K128 = Case(op="gdn", layout="thd", seqlens=(3, 2, 5), H=2, HK=2, HV=2, K=128, V=128, initial_state=True)
+K64 = K128.replace(K=64, V=64, seqlens=(3, 0, 5))
 
 
 def backend(inference_cp=False, **double_kwargs):
@@ -160,3 +160,23 @@ def test_reports_count_cases_per_served_path():
     assert failing[("backward", "triton + tilelang:chunk_bwd_dqkwg")] == 1 and failing[("forward", "triton")] == 0
     text = "\n".join(served_section(served_paths(records), table, lambda s: f"`{s}`"))
     assert "## Results per served path" in text and "`triton + tilelang:chunk_bwd_dqkwg`" in text
+
+
+
+def test_the_run_header_records_flas_version():
+    """The H200 run of 2026-12-02 wrote backend_versions {"fla-dispatch": null}: FlaBackend had no version() hook
+    (the header's backend_versions asks each backend's version(), harness/machine/availability.py)."""
+    b, ops = backend()
+    assert b.version() == ops.__version__ == "0.6.0"
+
+
+def test_dispatch_hands_flashqla_an_empty_sequence_and_the_user_gets_its_error():
+    """FLA 0.6's FlashQLA verifier never looks at the sequence lengths, so a packed batch with an empty sequence goes
+    to FlashQLA, whose auto-CP refuses it (H200, 2026-12-02): an error on the result, where FLA's Triton (K=64 here,
+    which FlashQLA rejects) serves the same lengths."""
+    b, _ = backend()
+    empty = K128.replace(seqlens=(3, 0, 5))
+    results = judged(b, empty)
+    assert results and all(r.status == "error" for r in results), [(r.check, r.status) for r in results]
+    assert "invalid sequence lengths" in results[0].reason
+    assert all(r.status == "pass" for r in judged(b, K64) if r.status != "skip")

@@ -20,7 +20,7 @@ VERSIONS = {"flash_qla": "0.1.3", "tilelang": "0.1.15", "tvm_ffi": "0.1.12", "z3
 H200 = environment.Env(cuda=True, device_name="NVIDIA H200 (test double)", capability=(9, 0), versions=VERSIONS)
 
 CASES = [
-    Case(op="gdn", layout="thd", seqlens=(0, 1, 6, 3), H=2, HK=2, HV=4, K=128, V=128, initial_state=True,
+    Case(op="gdn", layout="thd", seqlens=(2, 1, 6, 3), H=2, HK=2, HV=4, K=128, V=128, initial_state=True,
          l2norm=True, scale=0.3),
     Case(op="gdn", layout="bshd", seqlens=(5, 5), H=2, HK=2, HV=2, K=128, V=128, initial_state=True,
          state_dtype="bf16"),
@@ -67,11 +67,28 @@ def test_the_call_is_flash_qlas_own_defaults_and_packing():
 
 def test_the_runner_judges_flashqla_on_every_check():
     b = backend()
-    case = Case(op="gdn", layout="thd", seqlens=(3, 0, 5), H=2, HK=2, HV=2, K=128, V=128, initial_state=True,
-                splits=(2,), backward=True)
+    case = Case(op="gdn", layout="thd", seqlens=(3, 2, 5), H=2, HK=2, HV=2, K=128, V=128, initial_state=True,
+                splits=(1,), backward=True)
     results = CaseRunner(RunOptions(reference="oracle")).run(case, b, b.name, b.check(case, H200))
     assert {r.check for r in results} >= {"forward", "state", "continuation_ref", "grad_q", "grad_g", "grad_beta"}
     assert all(r.status == "pass" for r in results), [(r.check, r.reason) for r in results if r.status != "pass"]
+
+
+def test_an_empty_sequence_is_flash_qlas_refusal_reported_as_an_error():
+    """FlashQLA 0.1.3's auto-CP refuses a packed batch holding an empty sequence (seen on the H200, 2026-12-02):
+    the adapter neither declines it nor works around it; every check of the call is an error naming the refusal.
+    A continuation whose later segment holds an ended sequence errors the same way, its single call passes."""
+    b = backend()
+    runner = CaseRunner(RunOptions(reference="oracle"))
+    case = Case(op="gdn", layout="thd", seqlens=(3, 0, 5), H=2, HK=2, HV=2, K=128, V=128)
+    assert b.check(case, H200).runnable
+    results = runner.run(case, b, b.name, b.check(case, H200))
+    assert results and all(r.status == "error" for r in results), [(r.check, r.status) for r in results]
+    assert "invalid sequence lengths: [1, 0, 1]" in results[0].reason
+    ended = Case(op="gdn", layout="thd", seqlens=(1, 70, 5), H=2, HK=2, HV=2, K=128, V=128, splits=(3,))
+    status = {r.check: r.status for r in runner.run(ended, b, b.name, b.check(ended, H200))}
+    assert status["forward"] == status["state"] == "pass"
+    assert status["continuation_ref"] == status["continuation_self"] == "error"
 
 
 # ================================================================================ breaking the adapter is caught

@@ -246,3 +246,21 @@ def test_an_unaligned_view_reaches_jax_as_an_aligned_copy():
     seen.clear()
     bridge.to_jax(FakeJax, view)  # a CPU tensor is handed over as it is (the refusal was XLA's on the GPU)
     assert seen == [view.data_ptr() % bridge.XLA_ALIGNMENT]
+
+
+def test_declines_exactly_outside_its_envelope_on_every_l0_case(open_gate):
+    """The adapter's own declines (what jla cannot express) and its declared envelope agree on every case of
+    L0 with jax's appended cases, so neither drifts. The H200 run of 2026-12-02 (issue 25) noted 29 cases
+    "declined inside its declared envelope": KDA and GDN2 cases with GVA heads, which vector_gate_ops.py refuses
+    (v.shape[:3] == q.shape[:3]) while the envelope allowed them."""
+    from deltacheck.harness.ci.tiers import tier_cases
+    from deltacheck.harness.machine.availability import backend_envelope
+
+    backend = jax_backend()
+    disagree = []
+    for case in tier_cases("L0", ("jax",)):
+        verdict = backend.check(case, ENV)
+        forward, backward = backend_envelope("jax", case.op, env=ENV, backend=backend).serves(case)
+        if verdict.runnable != forward or (case.backward and verdict.runnable and verdict.backward != backward):
+            disagree.append((case.id, verdict.reason))
+    assert disagree == []

@@ -653,10 +653,25 @@ H200_VLLM_CHUNK_FAILED = [
     "gdn-bf16-thd-N3-T[0_1_65]-H2/2/2-K96-V96-typical",
     "gdn-bf16-thd-N3-T[0_1_65]-H2/2/2-K96-V96-typical-h0",
     "gdn-bf16-thd-N6-T[63_1_0_64_65_2]-H2/2/2-K128-V64-typical-state_bf16-l2norm",
+    # the same day, issue 25 (helper w25): the L0 gdn cases of vllm-fla that ran before `run --tier L0 --op gdn
+    # --backend fla-dispatch --backend flashqla --backend vllm-fla -j 8` was cut at 280 s
+    "gdn-bf16-thd-N3-T[0_1_65]-H2/2/2-K96-V96-typical-bwd",
+    "gdn-bf16-thd-N3-T[0_1_65]-H2/2/2-K96-V96-typical-h0-bwd",
+    "gdn-bf16-thd-N5-T[65_0_1_200_3]-H2/2/2-K96-V96-extreme-state_bf16-beta_one-l2norm-scale1.0-h0",
+    "gdn-fp16-thd-N6-T[63_1_0_64_65_2]-H2/2/2-K128-V128-trained-beta_zero-l2norm-h0",
 ]
 H200_VLLM_CHUNK_PASSED = [
     "gdn-bf16-thd-N3-T[1_65_0]-H2/2/2-K96-V96-typical",
     "gdn-bf16-thd-N2-T[1_65]-H2/2/2-K96-V96-typical",
+    # issue 25's L0 run (above): every other vllm-fla case that ran passed all of its checks
+    "gdn-bf16-bhsd-N1-L128-H2/2/4-K128-V128-mild-beta_one-l2norm-h0-cont[63]",
+    "gdn-bf16-bhsd-N1-L64-H2/2/4-K96-V96-trained-state_bf16-beta_zero-h0-cont[63]",
+    "gdn-bf16-bshd-N2-L129-H4/4/4-K96-V96-zero-beta_one-l2norm",
+    "gdn-bf16-sbhd-N1-L1-H2/2/2-K128-V128-steep-state_bf16-l2norm",
+    "gdn-bf16-sbhd-N2-L257-H4/4/4-K128-V128-long-beta_zero-scale0.5-h0-cont[171]-bwd",
+    "gdn-bf16-sbhd-N3-L65-H2/2/4-K96-V96-typical-beta_one-l2norm",
+    "gdn-fp16-bhsd-N1-L65-H4/4/4-K128-V128-zero-state_bf16-scale0.0625-cont[1]",
+    "gdn-fp16-bshd-N2-L129-H1/1/4-K128-V128-typical-state_bf16-beta_one-scale0.0625-h0",
 ]
 
 

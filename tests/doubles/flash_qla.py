@@ -8,7 +8,10 @@ What it pins (flash_qla/ops/gated_delta_rule/chunk/__init__.py; docs/libraries.m
 - the kernels' K == V == 128 (hopper/fused_fwd.py:662) and q and k sharing their heads;
 - layout ``[B, T, H, D]``, state key-major ``[N, HV, K, V]`` unless ``state_v_first``; the final state (fp32 in the kernel) is
   None unless asked for; a log-space g, beta post-activation (there is no flag for either);
-- its autograd: gradients flow to q, k, v, g, beta and the initial state.
+- its autograd: gradients flow to q, k, v, g, beta and the initial state;
+- ``auto_cp=True`` on a B = 1 input decides intra-card CP from the sequences' chunk counts and refuses a packed
+  batch holding an empty sequence: ``ValueError("invalid sequence lengths: [...]")``
+  (chunk/__init__.py:39-57 -> cp/autocp/decision.py:75-76; seen on the H200, docs/libraries.md "FlashQLA").
 
 Results in fp64 (see the package docstring). ``calls`` records each call's keyword arguments.
 """
@@ -53,6 +56,10 @@ def make(version: str = VERSION):
             if initial_state is not None and initial_state.shape[0] != N:
                 raise ValueError("The number of initial states is expected to be equal to the number of input "
                                  f"sequences, i.e., {N} rather than {initial_state.shape[0]}.")
+        if auto_cp and B == 1 and cu_seqlens is not None:  # dense B = 1 gets one synthesized sequence of T tokens
+            chunks = [-(-int(n) // 64) for n in torch.diff(cu_seqlens.cpu()).tolist()]
+            if not chunks or min(chunks) <= 0:
+                raise ValueError(f"invalid sequence lengths: {chunks}")
         state = initial_state
         if state is not None:
             want = (N, HV, V, K) if state_v_first else (N, HV, K, V)

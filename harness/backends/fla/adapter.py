@@ -106,8 +106,12 @@ class FlaBackend(FlaServing):
         return getattr(self._import(module_name), attr)
 
     def _version(self) -> str:
+        return self.version() or "unknown version"
+
+    def version(self) -> str | None:
+        """FLA's version for the run header's ``backend_versions`` (None where fla-core is not installed)."""
         source = self._module if self._module is not None else sys.modules.get("fla")
-        return library_version(source, "fla-core", "unknown version")
+        return library_version(source, "fla-core")
 
     def _hopper_guard(self) -> str | None:
         """FLA's own refusal of the gated backward on Hopper (fla/ops/common/chunk_o.py, issue #640).

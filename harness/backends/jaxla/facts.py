@@ -72,13 +72,20 @@ def floors(backend: str, op: str, env: Env) -> Verdict:
 # every kind registers a custom VJP on the same kernels. The lengths axis: jla takes no cu_seqlens
 # (scalar_gate.py "cu_seqlens is not supported"), so only equal-length sequences (a batch) are served.
 _DIMS_AXIS = {"gdn": ("64x64", "128x128", "64x128", "128x64"), "kda": ("64x64", "128x128", "64x128", "128x64")}
-_COMMON = {"heads": ("mha", "gva"), "gate_mode": ("log",), "beta_mode": ("plain",), "guard": ("off",),
+_COMMON = {"gate_mode": ("log",), "beta_mode": ("plain",), "guard": ("off",),
            "lengths": ("one", "batch")}
+
+
+# GVA: the scalar-gate kinds (GDN, GDP) take v at a multiple of q/k's heads (scalar_gate.py); the vector-gate
+# kinds (KDA, GDN2) need q, k, v and the gates at one head count (vector_gate_ops.py unsupported_reason:
+# v.shape[:3] == q.shape[:3]).
+_HEADS = {"gdn": ("mha", "gva"), "gdp": ("mha", "gva"), "kda": ("mha",), "gdn2": ("mha",)}
 
 
 def _envelope(op: str, source: str) -> Envelope:
     dims = _DIMS_AXIS["gdn"] if op in ("gdn", "gdp") else _DIMS_AXIS["kda"]
-    return Envelope(f"jax {KINDS[op][0]}", op, allowed={**_COMMON, "dims": dims, "io_dtype": IO_DTYPES[op]},
+    return Envelope(f"jax {KINDS[op][0]}", op, allowed={**_COMMON, "heads": _HEADS[op], "dims": dims,
+                                                         "io_dtype": IO_DTYPES[op]},
                     sms=(HOPPER_SM,), source=source)
 
 
