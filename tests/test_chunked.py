@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from deltacheck import reference as R
 from deltacheck.reference import chunked as chunked_mod
-from deltacheck.reference import chunked_intra, chunked_replay, layouts
+from deltacheck.reference import chunked_intra, chunked_replay, chunked_segments, layouts
 from deltacheck.reference.chunked import chunked_gdn2
 from deltacheck.reference.oracle import token_oracle
 
@@ -276,7 +276,7 @@ def test_a_failing_compile_falls_back_to_eager(monkeypatch):
             raise RuntimeError("no compiler here")
         return compiled
 
-    monkeypatch.setattr(chunked_mod, "_COMPILED", {})
+    monkeypatch.setattr(chunked_segments, "_COMPILED", {})
     monkeypatch.setattr(torch, "compile", broken_compile)
     with pytest.warns(UserWarning, match="torch.compile failed"):
         got = core_run(chunked_gdn2, ins, chunk_size=8, compile_intra=True)
