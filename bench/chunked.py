@@ -44,7 +44,7 @@ import torch
 
 _HERE = Path(__file__).resolve().parent
 try:  # installed (editable) package
-    from deltacheck.reference import chunked_intra, chunked_replay
+    from deltacheck.reference import chunked_intra
     from deltacheck.reference.chunked import chunked_gdn2
     from deltacheck.reference.oracle import token_oracle
 except ImportError:  # a bare checkout: load the repository root as the package `deltacheck`
@@ -53,7 +53,7 @@ except ImportError:  # a bare checkout: load the repository root as the package 
     )
     sys.modules["deltacheck"] = _mod = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_mod)
-    from deltacheck.reference import chunked_intra, chunked_replay
+    from deltacheck.reference import chunked_intra
     from deltacheck.reference.chunked import chunked_gdn2
     from deltacheck.reference.oracle import token_oracle
 
@@ -113,19 +113,6 @@ def load_previous(a):
         return _load("chunked_previous"), None
     except Exception as e:  # noqa: BLE001
         return None, f"{type(e).__name__}: {e}"
-
-
-def forgetting_kept_graphs(prepare=None):
-    """``prepare`` (or nothing), then the reference's kept CUDA graphs dropped (chunked_replay): the measured call
-    captures its graph anew, so its peak counts the graph's working set and static buffers, which a replay of a
-    kept graph holds from before and allocates nothing for."""
-
-    def run():
-        if prepare is not None:
-            prepare()
-        chunked_replay.SegmentReplay.kept.clear()
-
-    return run
 
 
 # --- --count: kernels, bytes and peak on the meta device --------------------------------------------
@@ -324,7 +311,7 @@ def main(argv=None):
         try:
             row = {"median_s": timeit(fn, device, warmup, reps)}
             if mem and device.type == "cuda":
-                row["peak_extra_bytes"] = peak_extra(fn, device, forgetting_kept_graphs(prepare))
+                row["peak_extra_bytes"] = peak_extra(fn, device, prepare)
             rows[name] = row
         except Exception as e:  # noqa: BLE001 - report and keep going
             rows[name] = {"error": f"{type(e).__name__}: {e}"}

@@ -205,11 +205,10 @@ def time_variant(kw, inputs, cot, device, warmup, reps, scale):
             return core(*inputs, scale, **kw)
 
     row["fwd_ms"] = common.timeit(fwd, device, warmup, reps) * 1e3
-    forget = _load("chunked").forgetting_kept_graphs  # a kept graph's memory counted, as bench/chunked.py does
-    row["fwd_peak_gib"] = (common.peak_extra(fwd, device, forget()) or 0) / 2**30
+    row["fwd_peak_gib"] = (common.peak_extra(fwd, device) or 0) / 2**30
     step, prepare = common.fwdbwd_closure(inputs, lambda ls: core(*ls, scale, **kw), lambda o, s: cot)
     row["fwdbwd_ms"] = common.timeit(step, device, warmup, reps) * 1e3
-    row["fwdbwd_peak_gib"] = (common.peak_extra(step, device, forget(prepare)) or 0) / 2**30
+    row["fwdbwd_peak_gib"] = (common.peak_extra(step, device, prepare) or 0) / 2**30
     del step, prepare
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -64,12 +64,12 @@ BACKWARD_SEGMENT_BYTES = 32 * 2**20
 # L2 cache by the next.
 GRAPH_FORWARD_SEGMENT_BYTES = 32 * 2**20
 GRAPH_BACKWARD_SEGMENT_BYTES = 32 * 2**20
-# What ``graph_forward`` / ``graph_backward`` = None mean (replay applies on CUDA only). At N=4 T=4096 H=16 K=V=128
-# in fp64 on an H200 (bench/chunked_sweep.py, one run): the backward replayed from its kept graph
-# (chunked_replay.KEEP_KINDS) took forward+backward from 59.1 to 43.7 ms, exact on the CUDA cases (3.7e-16 at
-# log-decays of -1000 and -inf); the forward's segments replayed took 10.4 ms against 7.4 eager, so it stays off.
+# What ``graph_forward`` / ``graph_backward`` = None mean (replay applies on CUDA only). Both off: at N=4 T=4096
+# H=16 K=V=128 in fp64 on an H200 (bench/chunked_sweep.py, before the shared pool and stream) a replayed backward
+# was no faster (62.9 ms against 62.7) though its eager segments leave the GPU idle a third of the time, and a
+# replayed forward in 512-token segments took 24 ms against 7.6; the shared pool is not yet measured there.
 GRAPH_FORWARD = False
-GRAPH_BACKWARD = True
+GRAPH_BACKWARD = False
 
 
 def _next_pow2(n: int) -> int:
@@ -164,10 +164,10 @@ def chunked_gdn2(
     forward's intra-chunk work (also recomputed by the backward) through ``torch.compile``, which fuses its
     elementwise passes; the first call of each shape compiles; where it cannot compile it warns once and
     runs eagerly. ``graph_backward`` replays the hand-written backward's full-length segments from one CUDA
-    graph (CUDA, two full segments or more; the same result bit for bit; a failed capture warns once and runs
-    eagerly from then on), kept for the next backward of the same segment shapes (``chunked_replay``);
-    ``graph_forward`` the forward's. Replayed segments are sized from ``GRAPH_FORWARD_SEGMENT_BYTES`` /
-    ``GRAPH_BACKWARD_SEGMENT_BYTES``. None: ``GRAPH_FORWARD`` (off) / ``GRAPH_BACKWARD`` (on).
+    graph per backward (CUDA, two full segments or more; the same result bit for bit; a failed capture warns
+    once and runs eagerly from then on); ``graph_forward`` the forward's. Replayed segments are sized from
+    ``GRAPH_FORWARD_SEGMENT_BYTES`` / ``GRAPH_BACKWARD_SEGMENT_BYTES``. None: ``GRAPH_FORWARD`` /
+    ``GRAPH_BACKWARD``.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size: expected >= 1, got {chunk_size}")

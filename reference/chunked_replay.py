@@ -15,14 +15,10 @@ fresh pool would be a cudaMalloc per call, and its release a device-wide synchro
 segment ever run on the stream needs the eager warm-up (cuBLAS's workspace for the stream, made lazily, must
 exist before a capture). The pool's blocks stay reserved by the process, as the caching allocator's do.
 
-The last graph of each kind in ``KEEP_KINDS`` (the backward's, by default; with ``KEEP_LAST`` every kind) is kept
-with its static buffers, and a later call whose segments have the same shapes and plan replays it without a
-capture: a repeated call launches nothing from the CPU but the copies. The kept buffers and the graph's working set
-stay reserved between calls (one graph per kind: a new shape's capture replaces it, into the same pool). Measured
-on an H200 (bench/chunked_sweep.py, N=4 T=4096 H=16 K=V=128, fp64, one run): forward+backward 59.1 ms eager,
-43.7 ms with the backward's graph kept, where a graph captured anew per call had bought nothing (62.9 against
-62.7 ms, an earlier session); the forward's segments replayed took 10.4 ms against 7.4 eager, so only the
-backward's graph is kept by default.
+With ``KEEP_LAST`` the last graph of each kind (forward, backward) is kept with its static buffers, and a later
+call whose segments have the same shapes and plan replays it without a capture: a repeated call launches nothing
+from the CPU but the copies. Off by default: the kept buffers and the graph's working set stay allocated between
+calls, and only repeated shapes gain (a benchmark's, not a suite of cases').
 
 A capture that fails warns once, and every replayer of the process runs eagerly from then on.
 """
@@ -41,7 +37,7 @@ class SegmentReplay:
 
     disabled = False  # set for the process after a failed capture
     warmed: set = set()  # the side streams a segment has run on (their lazy state exists)
-    kept: dict = {}  # what -> (key, static, replay): the last graph of each kind kept (``keeps``)
+    kept: dict = {}  # what -> (key, static, replay): the last graph of each kind, with KEEP_LAST
 
     def __init__(self, run, what, key=None):
         self.run = run
@@ -62,7 +58,7 @@ class SegmentReplay:
     def __call__(self, args):
         if self.failed:
             return self.run(list(args))
-        if self.static is None and keeps(self.what) and self.key is not None:
+        if self.static is None and KEEP_LAST and self.key is not None:
             self.key = (self.key, tuple((tuple(a.shape), a.dtype, a.device) for a in args))
             last = SegmentReplay.kept.get(self.what)
             if last is not None and last[0] == self.key:
@@ -85,21 +81,14 @@ class SegmentReplay:
                 SegmentReplay.disabled = True
                 self.failed = True
                 return self.run(list(args))
-            if keeps(self.what) and self.key is not None:
+            if KEEP_LAST and self.key is not None:
                 SegmentReplay.kept[self.what] = (self.key, self.static, self.replay)
         for dst, src in zip(self.static, args):
             dst.copy_(src)
         return self.replay()
 
 
-KEEP_LAST = False  # keep the last graph of every kind
-KEEP_KINDS = frozenset({"backward"})  # the kinds whose last graph is kept anyway
-
-
-def keeps(what) -> bool:
-    """Whether the last graph of kind ``what`` is kept for a later call of the same shapes."""
-    return KEEP_LAST or what in KEEP_KINDS
-
+KEEP_LAST = False
 _SIDE_STREAMS: dict = {}
 _POOLS: dict = {}
 

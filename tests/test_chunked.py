@@ -422,23 +422,6 @@ def test_a_kept_graph_is_replayed_only_for_the_same_shapes_and_plan(monkeypatch)
             assert torch.equal(got[name], want[name]), (seed, name)
 
 
-def test_by_default_the_backward_is_replayed_from_its_kept_graph(monkeypatch):
-    """The defaults (graph_backward None): the backward's segments replayed from a graph that is kept
-    (chunked_replay.KEEP_KINDS), so a second backward of the same segment shapes captures nothing; the forward is
-    never replayed; the results are the eager ones, bit for bit."""
-    captures = []
-    ins = core_inputs(L=45, inf=True)
-    want = core_run(chunked_gdn2, ins, chunk_size=8, segment_tokens=8, graph_backward=False)
-    _fake_graphs(monkeypatch, _fake_capture(captures))
-    assert chunked_replay.KEEP_LAST is False
-    for n in (1, 1):
-        got = core_run(chunked_gdn2, ins, chunk_size=8, segment_tokens=8)
-        assert len(captures) == n
-        assert list(chunked_replay.SegmentReplay.kept) == ["backward"]
-        for name in want:
-            assert torch.equal(got[name], want[name]), name
-
-
 def test_a_failing_graph_capture_falls_back_to_eager(monkeypatch):
     def capture(side, fn, kind=None):
         raise RuntimeError("operation not permitted when stream is capturing")
