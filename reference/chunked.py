@@ -64,10 +64,13 @@ BACKWARD_SEGMENT_BYTES = 32 * 2**20
 # L2 cache by the next.
 GRAPH_FORWARD_SEGMENT_BYTES = 32 * 2**20
 GRAPH_BACKWARD_SEGMENT_BYTES = 32 * 2**20
-# What ``graph_forward`` / ``graph_backward`` = None mean (replay applies on CUDA only). Both off: at N=4 T=4096
-# H=16 K=V=128 in fp64 on an H200 (bench/chunked_sweep.py, before the shared pool and stream) a replayed backward
-# was no faster (62.9 ms against 62.7) though its eager segments leave the GPU idle a third of the time, and a
-# replayed forward in 512-token segments took 24 ms against 7.6; the shared pool is not yet measured there.
+# What ``graph_forward`` / ``graph_backward`` = None mean (replay applies on CUDA only). Both off. At N=4 T=4096
+# H=16 K=V=128 in fp64 on an H200 (bench/chunked_sweep.py; bench/results/w28): the eager forward+backward took
+# 45.7 ms when it was not the first one timed in its process, the backward replayed from a graph kept across calls
+# (chunked_replay.KEEP_LAST) 43.7 ms in another run, per-call capture bought nothing (62.9 against 62.7 ms, an
+# earlier session), and once a kept graph was dropped and captured anew the capture failed inside PyTorch 2.11
+# (CachingHostAllocator INTERNAL ASSERT; the process then ran eagerly, exactly); replayed forward segments took
+# 10.4 ms against 7.4 eager.
 GRAPH_FORWARD = False
 GRAPH_BACKWARD = False
 
