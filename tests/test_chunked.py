@@ -511,3 +511,14 @@ def test_gpu_size_memory_and_launches(tmp_path):
     assert fwd["peak_bytes"] <= 3 * 2**30 and both["peak_bytes"] <= 3 * 2**30, (fwd, both)
     assert fwd["kernels"] <= 200 and both["kernels"] <= 2500, (fwd, both)
     assert fwd["bytes"] <= 30e9, fwd
+
+
+def test_bench_settle_runs_until_its_time_is_up(monkeypatch):
+    """bench/common.settle: at least one call, then calls until the seconds are up; it reports their number."""
+    common = _bench_common()
+    clock = iter(range(100))
+    monkeypatch.setattr(common.time, "perf_counter", lambda: float(next(clock)))
+    calls = []
+    n, last = common.settle(lambda: calls.append(1), torch.device("cpu"), 5.0)
+    assert n == len(calls) == 2 and last == 1000.0  # three ticks a call (start, end, the check): 3 < 5, then 6
+    assert common.settle(lambda: calls.append(1), torch.device("cpu"), 0.0)[0] == 1
