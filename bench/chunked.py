@@ -2,7 +2,7 @@
 
     python bench/chunked.py [--device cuda|cpu] [--json OUT] [--quick] [--count [--cuda-forms]] [--compile]
                             [--graph-backward] [--eager] [--no-previous] [--no-graph] [--no-rates] [--no-attainable]
-                            [--threads N] [--N .. --T .. --H .. --K .. --V ..] [--profile]
+                            [--threads N] [--N .. --T .. --H .. --K .. --V ..] [--profile] [--settle S]
 
 On CUDA (default when available) it times, at N=4 T=4096 H=16 K=V=128 unless told otherwise: chunked fp64
 forward, chunked fp32 forward, chunked fp64 forward+backward, the same for the previous implementation
@@ -20,7 +20,9 @@ copy, measured (``--no-rates``, ``--no-attainable`` skip them). ``--compile`` ad
 ``--graph-backward`` a forward+backward row with the backward's segments replayed from a CUDA graph, ``--eager``
 rows with no segment replayed (``graph_forward=graph_backward=False``). Last, as a
 diagnostic, each forward replayed from a CUDA graph (the same kernels without the CPU's launch overhead;
-``--no-graph`` skips it). On the CPU it runs a CPU-sized case and reports the speedup over the token oracle.
+``--no-graph`` skips it). Before the first timed row it runs the chunked fp64 forward+backward for ``--settle``
+seconds (3 on CUDA): the first such row timed in a process was measured slower than later ones (bench/common.py
+``settle``). On the CPU it runs a CPU-sized case and reports the speedup over the token oracle.
 ``--quick`` is a seconds-long CPU smoke run. ``--count`` runs nothing: it counts kernels, bytes moved and the
 peak of live tensors on the ``meta`` device at the size (default the GPU size), for the current and the
 previous implementation (bench/opcount.py; ``--cuda-forms``: the forms the reference takes on CUDA). Nothing
@@ -231,6 +233,8 @@ def parse(argv):
     p.add_argument("--no-graph", action="store_true",
                    help="skip the CUDA-graph rows (forward replayed without launch overhead, a diagnostic)")
     p.add_argument("--profile", action="store_true", help="print torch.profiler's top ops of one fp64 fwd and fwd+bwd")
+    p.add_argument("--settle", type=float, default=None,
+                   help="seconds of chunked fp64 fwd+bwd before the first timed row (default 3 on CUDA, 0 on the CPU)")
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--no-fla", action="store_true", help="skip FLA even if importable")
@@ -302,6 +306,13 @@ def main(argv=None):
     ds64 = torch.randn(N, H, K, V, generator=gen, dtype=torch.float64).to(device)
     inputs64 = [x[n] for n in NAMES]
     rows = results["rows"]
+    settle_s = a.settle if a.settle is not None else (3.0 if device.type == "cuda" else 0.0)
+    if settle_s > 0:  # common.settle: the first forward+backward timed in a process is slower than later ones
+        step, _ = fwdbwd_closure(inputs64, lambda ls: cores["chunked"](*ls, scale), lambda o, s: (do64, ds64))
+        calls, last = common.settle(step, device, settle_s)
+        results["settle"] = {"seconds": settle_s, "calls": calls, "last_ms": last}
+        print(f"settled: {calls} chunked fp64 fwd+bwd calls in {settle_s:.1f} s before timing (last {last:.1f} ms)")
+        del step
     counted = {}
     if not a.no_rates:
         limits(a, results, device)

@@ -1,18 +1,19 @@
 """Every candidate setting of the fp64 chunked reference, side by side in one GPU run (issue 28).
 
     python bench/chunked_sweep.py [--variants a,b,..] [--reps 5] [--json OUT] [--profile] [--fla] [--compile]
-                                  [--budget-s 80] [--N .. --T .. --H .. --K .. --V ..]
+                                  [--budget-s 80] [--settle 3] [--N .. --T .. --H .. --K .. --V ..]
 
 A variant is a set of keyword arguments of ``chunked_gdn2`` plus overrides of the module constants that choose
-its forms (``chunked_intra.GROUP_TOKENS``, ``SMALL_INVERSE``, ``SMALL_GRADS``, ``chunked.HANDOFF_SLICES``, the
-segment byte budgets), applied only while that variant runs. Per variant: fp64 forward and forward+backward
-medians (CUDA events, after warm-ups), the peak memory above what was allocated before, and, first, its worst
-relative RMS against the fp64 token oracle (output, state and every input gradient) on small cases on the same
-device, one of them with log-decays of -1000 and -inf, which must be <= 1e-12 and finite. ``--profile``: for the
-first variant, torch.profiler's kernel count, summed kernel time against wall time (how much is launch
-overhead) and top kernels. ``--fla``: FLA's bf16 ``chunk_gdn2`` rows (bench/chunked.py's loader and winners).
-``--compile``: a ``compile_intra=True`` row, only while the time budget allows. Steps run cheapest-first and
-each prints as soon as it is measured, so a run cut short keeps what it had.
+its forms (``chunked_intra.GROUP_TOKENS``, ``SMALL_INVERSE``, ``chunked_intra_backward.SMALL_GRADS``,
+``chunked_segments.HANDOFF_SLICES``, the segment byte budgets), applied only while that variant runs. Per
+variant: fp64 forward and forward+backward medians (CUDA events, after warm-ups, and after ``--settle`` seconds
+of forward+backward before the first variant: bench/common.py ``settle``), the peak memory above what was
+allocated before, and, first, its worst relative RMS against the fp64 token oracle (output, state and every input
+gradient) on small cases on the same device, one of them with log-decays of -1000 and -inf, which must be <= 1e-12
+and finite. ``--profile``: for the first variant, torch.profiler's kernel count, summed kernel time against wall
+time (how much is launch overhead) and top kernels. ``--fla``: FLA's bf16 ``chunk_gdn2`` rows (bench/chunked.py's
+loader and winners). ``--compile``: a ``compile_intra=True`` row, only while the time budget allows. Steps run
+cheapest-first and each prints as soon as it is measured, so a run cut short keeps what it had.
 """
 
 from __future__ import annotations
@@ -31,14 +32,14 @@ import torch
 
 _HERE = Path(__file__).resolve().parent
 try:
-    from deltacheck.reference import chunked, chunked_intra, chunked_replay
+    from deltacheck.reference import chunked, chunked_intra, chunked_intra_backward, chunked_replay, chunked_segments
     from deltacheck.reference.oracle import token_oracle
 except ImportError:  # a bare checkout: the repository root as the package `deltacheck`
     _spec = importlib.util.spec_from_file_location(
         "deltacheck", _HERE.parent / "__init__.py", submodule_search_locations=[str(_HERE.parent)])
     sys.modules["deltacheck"] = _mod = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_mod)
-    from deltacheck.reference import chunked, chunked_intra, chunked_replay
+    from deltacheck.reference import chunked, chunked_intra, chunked_intra_backward, chunked_replay, chunked_segments
     from deltacheck.reference.oracle import token_oracle
 
 
@@ -56,6 +57,7 @@ EXACT = 1e-12
 
 # name -> (chunked_gdn2 keywords, {(module, constant): value})
 _I, _C, _R = chunked_intra, chunked, chunked_replay
+_S, _IB = chunked_segments, chunked_intra_backward
 VARIANTS = {
     "main": ({}, {}),
     "eager": ({"graph_forward": False, "graph_backward": False}, {}),
@@ -66,10 +68,10 @@ VARIANTS = {
     "inv2": ({}, {(_I, "SMALL_INVERSE"): 2}),
     "inv8": ({}, {(_I, "SMALL_INVERSE"): 8}),
     "inv16": ({}, {(_I, "SMALL_INVERSE"): 16}),
-    "grads1": ({}, {(_I, "SMALL_GRADS"): 1}),
-    "grads4": ({}, {(_I, "SMALL_GRADS"): 4}),
-    "slices1": ({}, {(_C, "HANDOFF_SLICES"): 1}),
-    "slices2": ({}, {(_C, "HANDOFF_SLICES"): 2}),
+    "grads1": ({}, {(_IB, "SMALL_GRADS"): 1}),
+    "grads4": ({}, {(_IB, "SMALL_GRADS"): 4}),
+    "slices1": ({}, {(_S, "HANDOFF_SLICES"): 1}),
+    "slices2": ({}, {(_S, "HANDOFF_SLICES"): 2}),
     "bwd16": ({}, {(_C, "BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
     "bwd48": ({}, {(_C, "BACKWARD_SEGMENT_BYTES"): 48 * MIB}),
     "gb": ({"graph_backward": True}, {}),
@@ -84,20 +86,23 @@ VARIANTS = {
                {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 16 * MIB, (_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
     "gfgb8": ({"graph_forward": True, "graph_backward": True},
               {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 8 * MIB, (_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 8 * MIB}),
-    "gfgb-s1": ({"graph_forward": True, "graph_backward": True}, {(_C, "HANDOFF_SLICES"): 1}),
+    "gfgb-s1": ({"graph_forward": True, "graph_backward": True}, {(_S, "HANDOFF_SLICES"): 1}),
     "gfgb16-s1": ({"graph_forward": True, "graph_backward": True},
                   {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 16 * MIB, (_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 16 * MIB,
-                   (_C, "HANDOFF_SLICES"): 1}),
+                   (_S, "HANDOFF_SLICES"): 1}),
     # the last graph kept for the next call of the same shapes (chunked_replay.KEEP_LAST)
     "gb-keep": ({"graph_backward": True}, {(_R, "KEEP_LAST"): True}),
     "gb-bwd16-keep": ({"graph_backward": True}, {(_R, "KEEP_LAST"): True,
                                                  (_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
     "gfgb-keep": ({"graph_forward": True, "graph_backward": True}, {(_R, "KEEP_LAST"): True}),
-    "gb-s1": ({"graph_backward": True}, {(_C, "HANDOFF_SLICES"): 1}),
+    "gf-keep": ({"graph_forward": True}, {(_R, "KEEP_LAST"): True}),
+    "gf16-keep": ({"graph_forward": True}, {(_R, "KEEP_LAST"): True, (_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 16 * MIB,
+                                            (_C, "BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
+    "gb-s1": ({"graph_backward": True}, {(_S, "HANDOFF_SLICES"): 1}),
     "gb-bwd24": ({"graph_backward": True}, {(_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 24 * MIB}),
     "gb-bwd24-keep": ({"graph_backward": True}, {(_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 24 * MIB,
                                                  (_R, "KEEP_LAST"): True}),
-    "gb-s1-keep": ({"graph_backward": True}, {(_C, "HANDOFF_SLICES"): 1, (_R, "KEEP_LAST"): True}),
+    "gb-s1-keep": ({"graph_backward": True}, {(_S, "HANDOFF_SLICES"): 1, (_R, "KEEP_LAST"): True}),
     "gfgb16-c128": ({"graph_forward": True, "graph_backward": True, "chunk_size": 128},
                     {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 16 * MIB, (_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
 }
@@ -262,6 +267,8 @@ def main(argv=None):
     p.add_argument("--cuda-forms", action="store_true",
                    help="the forms chosen for CUDA (chunked_intra.cuda_shapes) on any device: checks them on a CPU")
     p.add_argument("--budget-s", type=float, default=1e9, help="skip the optional steps once this much has passed")
+    p.add_argument("--settle", type=float, default=3.0,
+                   help="seconds of fwd+bwd run before the first timed variant (bench/common.py settle)")
     for n, d in zip("NTHKV", (4, 4096, 16, 128, 128)):
         p.add_argument(f"--{n}", type=int, default=d)
     a = p.parse_args(argv)
@@ -305,6 +312,12 @@ def main(argv=None):
     cot = (torch.randn(a.N, a.T, a.H, a.V, generator=gen, dtype=torch.float64).to(device),
            torch.randn(a.N, a.H, a.K, a.V, generator=gen, dtype=torch.float64).to(device))
     scale = a.K**-0.5
+    if a.settle > 0:  # common.settle: the first forward+backward timed in a process is slower than later ones
+        step, _ = common.fwdbwd_closure(inputs, lambda ls: chunked.chunked_gdn2(*ls, scale), lambda o, s: cot)
+        calls, last = common.settle(step, device, a.settle)
+        res["settle"] = {"seconds": a.settle, "calls": calls, "last_ms": last}
+        print(f"settled: {calls} fwd+bwd calls in {a.settle:.0f} s (last {last:.1f} ms)", flush=True)
+        del step
     print(f"{'variant':<10} {'fwd ms':>8} {'peak':>6} {'fwd+bwd ms':>11} {'peak':>6}", flush=True)
     for name in names:
         kw, over = VARIANTS[name]

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from deltacheck import reference as R
 from deltacheck.reference import chunked as chunked_mod
-from deltacheck.reference import chunked_intra, chunked_replay, layouts
+from deltacheck.reference import chunked_intra, chunked_replay, chunked_segments, layouts
 from deltacheck.reference.chunked import chunked_gdn2
 from deltacheck.reference.oracle import token_oracle
 
@@ -276,7 +276,7 @@ def test_a_failing_compile_falls_back_to_eager(monkeypatch):
             raise RuntimeError("no compiler here")
         return compiled
 
-    monkeypatch.setattr(chunked_mod, "_COMPILED", {})
+    monkeypatch.setattr(chunked_segments, "_COMPILED", {})
     monkeypatch.setattr(torch, "compile", broken_compile)
     with pytest.warns(UserWarning, match="torch.compile failed"):
         got = core_run(chunked_gdn2, ins, chunk_size=8, compile_intra=True)
@@ -511,3 +511,14 @@ def test_gpu_size_memory_and_launches(tmp_path):
     assert fwd["peak_bytes"] <= 3 * 2**30 and both["peak_bytes"] <= 3 * 2**30, (fwd, both)
     assert fwd["kernels"] <= 200 and both["kernels"] <= 2500, (fwd, both)
     assert fwd["bytes"] <= 30e9, fwd
+
+
+def test_bench_settle_runs_until_its_time_is_up(monkeypatch):
+    """bench/common.settle: at least one call, then calls until the seconds are up; it reports their number."""
+    common = _bench_common()
+    clock = iter(range(100))
+    monkeypatch.setattr(common.time, "perf_counter", lambda: float(next(clock)))
+    calls = []
+    n, last = common.settle(lambda: calls.append(1), torch.device("cpu"), 5.0)
+    assert n == len(calls) == 2 and last == 1000.0  # three ticks a call (start, end, the check): 3 < 5, then 6
+    assert common.settle(lambda: calls.append(1), torch.device("cpu"), 0.0)[0] == 1
