@@ -213,6 +213,18 @@ class UnwrittenAfterEmpty(Clean):
         return out, state
 
 
+class NaNOutput(Clean):
+    """Every serving call's output is NaN, identically in every batch (a kernel that NaNs deterministically): the same
+    NaN bits in every composition."""
+
+    name = "serving-nan"
+
+    def serve(self, case, inputs, call):
+        got = super().serve(case, inputs, call)
+        got.out = torch.full_like(got.out, float("nan"))
+        return got
+
+
 class CheckpointAfter(Clean):
     """Checkpoint rows one cadence late (the state after p + N tokens): drops p = 0 and may emit the final state."""
 

@@ -126,6 +126,14 @@ def test_checks_decline_with_a_reason():
     assert result.status == "declined" and "CUDAGraph needs a GPU" in result.reason
 
 
+def test_batch_invariance_fails_a_promised_kernel_whose_output_is_nan_in_every_batch():
+    # cuDNN's all-NaN KDA cases replayed "bitwise" on the H200: equal NaN bits must not read as invariance.
+    result = run_check(sb.NaNOutput(), INVARIANCE_CASES[0], "batch_invariance")
+    assert result.numbers["promised"] and result.numbers["bitwise"], result.numbers
+    assert result.status == "failed" and not result.numbers["finite"], result.numbers
+    assert run_check(sb.Clean(), INVARIANCE_CASES[0], "batch_invariance").status == "passed"
+
+
 def test_batch_invariance_reports_the_spread_where_nothing_is_promised():
     class Unpromised(sb.Clean):
         def serving_verdict(self, case, mode, env):

@@ -91,10 +91,16 @@ def batch_invariance(backend, case, env, device="cpu") -> CheckResult:
         out_spread = max(_max_abs(o, ref_out) for o, _ in seen.values())
         state_spread = max(_max_abs(s, ref_state) for _, s in seen.values())
         identical = all(_bitwise(o, ref_out) and _bitwise(s, ref_state) for o, s in seen.values())
-        numbers = {"promised": promised, "bitwise": identical, "out_spread": out_spread, "state_spread": state_spread}
+        # NaN bits equal NaN bits: an all-NaN sequence is "bitwise invariant", never a pass.
+        finite = all(bool(torch.isfinite(x.detach()).all()) for pair in seen.values() for x in pair)
+        numbers = {"promised": promised, "bitwise": identical, "out_spread": out_spread, "state_spread": state_spread,
+                   "finite": finite}
         if not promised:
             return _result(check, backend, case, "reported", "batch invariance not promised; spread reported",
                            **numbers)
+        if not finite:
+            return _result(check, backend, case, "failed", "non-finite outputs or states for sequence 0: bitwise "
+                           "equal NaNs are no invariance", **numbers)
         if identical:
             return _result(check, backend, case, "passed", **numbers)
         return _result(check, backend, case, "failed", f"batch_invariant=True promised, but sequence 0 differs "

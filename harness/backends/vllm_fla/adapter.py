@@ -35,7 +35,7 @@ from ..layouts import from_btd, to_btd
 from ..loading import library_version
 from . import facts
 from .facts import CHUNK, CHUNK_MAX_K, INSTALL_HINT, RECURRENT
-from .serving import VllmFlaServing
+from .serving import VllmFlaServing, pool_table
 
 
 class VllmFlaBackend(VllmFlaServing, FusedAdapter):
@@ -125,7 +125,7 @@ class VllmFlaBackend(VllmFlaServing, FusedAdapter):
         if inputs.get("initial_state") is not None:
             pool[1:] = inputs["initial_state"]
         slots = torch.arange(1, N + 1, dtype=torch.int32, device=q.device)
-        indices = slots[:, None].expand(N, max(max(case.seqlens), 1)).contiguous()
+        indices = pool_table(slots, case.seqlens)
         kwargs = {"cu_seqlens": inputs["cu_seqlens"]} if layout == "thd" else {}
         o, pool = fn(q, k, v, g, beta, scale=case.scale, initial_state=pool, inplace_final_state=True,
                      ssm_state_indices=indices, use_qk_l2norm_in_kernel=case.l2norm, **kwargs)
