@@ -158,7 +158,9 @@ class CaseRunner:
         # after it still run. Only a failing first call leaves nothing to judge.
         forward = self._guard(results, case, base, "forward", self._forward, case, backend, verdict, base, exp)
         if forward is None:
-            self._fill_errors(results, case, base, "not run: the first call raised")
+            raised = next((r.reason for r in results.items if r.check == "forward" and r.status == "error"), "")
+            # the first call's error, so a known-issues entry's error_contains matches these checks too
+            self._fill_errors(results, case, base, "not run: the first call raised" + (f" {raised}" if raised else ""))
             return
         inputs, out, state = forward
         if case.splits:
