@@ -57,6 +57,8 @@ def write(tmp_path: Path, text: str, name: str = "known.toml") -> Path:
     (GOOD + 'versions = { nvidia-cudnn-frontend = "1.32 or so" }\n', "is not a PEP 440 specifier set"),
     (GOOD + 'sm = ["hopper"]\n', "sm must be a list of compute capabilities"),
     (GOOD + 'checks = "forward"\n', "checks must be a list of check names"),
+    (GOOD + 'error_contains = ""\n', "error_contains must be a non-empty string"),
+    (GOOD + 'error_contains = ["invalid"]\n', "error_contains must be a non-empty string"),
     ("[[issue]\nid = 1\n", "not valid TOML"),
     ('title = "mine"\n' + GOOD, "expected only [[issue]] tables"),
 ])
@@ -177,6 +179,42 @@ def test_an_entry_whose_checks_all_pass_is_gone_and_one_that_did_not_run_is_not_
     assert outcomes([result("grad_q", "pass")], [issue]) == {"x": "not judged"}
 
 
+def refusal(check: str, status: str, reason: str = "ValueError: invalid sequence lengths: [1, 0, 1]") -> Result:
+    return Result(case=CASE.id, backend="cudnn", check=check, status=status, reason="" if status == "pass" else reason)
+
+
+def test_an_errored_check_is_never_known_without_error_contains(tmp_path):
+    issue = one_entry(tmp_path)
+    r = refusal("forward", "error")
+    mark_known(r, [issue])
+    assert r.status == "error" and outcomes([r], [issue]) == {"x": "not judged"}
+
+
+def test_error_contains_turns_the_errors_it_names_into_known_and_nothing_else(tmp_path):
+    """A library's refusal (it raised) is known when the message holds the entry's text; a wrong value, or an error
+    with another message, is a new failure and stays one."""
+    issue = one_entry(tmp_path, 'error_contains = "invalid sequence lengths"\n')
+    results = [refusal("forward", "error"), refusal("state", "error"),
+               refusal("determinism", "error", "not run: the first call raised ValueError: invalid sequence lengths: "
+                                               "[1, 0, 1]"),
+               refusal("continuation_ref", "error", "RuntimeError: CUDA error: an illegal memory access"),
+               refusal("continuation_self", "fail", "out rel RMS 1.0e+00 > limit 1.1e-02"), refusal("grad_q", "pass")]
+    for r in results:
+        mark_known(r, [issue])
+    assert [r.status for r in results] == ["known", "known", "known", "error", "fail", "pass"]
+    assert results[0].reason == ("known issue x: r — ValueError: invalid sequence lengths: [1, 0, 1]")
+    assert results[0].metrics["known_issue"] == "x"
+    assert outcomes(results, [issue]) == {"x": "reproduced"}
+
+
+def test_an_error_contains_entry_whose_checks_all_pass_is_gone_and_a_wrong_value_proves_nothing(tmp_path):
+    issue = one_entry(tmp_path, 'error_contains = "invalid sequence lengths"\nchecks = ["continuation_ref"]\n')
+    assert outcomes([refusal("forward", "error"), refusal("continuation_ref", "pass")], [issue]) == {"x": "gone"}
+    failing = refusal("continuation_ref", "fail", "invalid sequence lengths, said a fail reason")
+    mark_known(failing, [issue])
+    assert failing.status == "fail" and outcomes([failing], [issue]) == {"x": "not judged"}
+
+
 # --- the CLI and the pytest plugin: one verdict ---------------------------------------------------------------------
 
 # fake_backends.NaNOnOneCase is all-NaN on its one bad case and right everywhere else.
@@ -185,7 +223,7 @@ SELECTION = f"{BAD} or (kda and K64-V64 and not bwd)"
 ENTRY = """
 [[issue]]
 id = "fake-nan"
-backend = "nan-on-one"
+backend = "{backend}"
 op = "kda"
 where = "{where}"
 reason = "all-NaN out on one case"
@@ -200,17 +238,26 @@ KNOWN_SITUATIONS = {
     "the entry covers a passing case too": ("kda", "", True, "known issue no longer reproduces: fake-nan matches"),
     "the entry is for another architecture": (BAD, "sm = [90]", True, None),
 }
+# fake_backends.RefusesOneCase raises on the same one case (a library's refusal): an error, not a wrong value.
+REFUSAL_SITUATIONS = {
+    "error_contains names the refusal": (BAD, 'error_contains = "invalid sequence lengths"', False,
+                                         "failed as known issues (fake-nan)"),
+    "an entry without error_contains": (BAD, "", True, None),
+    "error_contains names another error": (BAD, 'error_contains = "out of memory"', True, None),
+    "error_contains on a passing case too": ("kda", 'error_contains = "invalid sequence lengths"', True,
+                                             "known issue no longer reproduces: fake-nan matches"),
+}
 
 
-def cli_outcome(run_cli, tmp_path, known: Path):
-    return run_cli(["run", "--backend", "fake_backends:NaNOnOneCase", "--tier", "L0", "--limit", "3", "-k", SELECTION,
+def cli_outcome(run_cli, tmp_path, known: Path, backend: str = "NaNOnOneCase"):
+    return run_cli(["run", "--backend", f"fake_backends:{backend}", "--tier", "L0", "--limit", "3", "-k", SELECTION,
                     "--out", str(tmp_path / "cli"), "--in-process", "--no-baseline", "--reference", "oracle",
                     "--known-issues", str(known)], env={"DELTACHECK_KNOWN_ISSUES": None})
 
 
-def pytest_outcome(known: Path):
+def pytest_outcome(known: Path, backend: str = "NaNOnOneCase"):
     argv = [sys.executable, "-m", "pytest", str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider", "-rxX",
-            "--dc-backend", "fake_backends:NaNOnOneCase", "--dc-limit", "3", "--dc-k", SELECTION,
+            "--dc-backend", f"fake_backends:{backend}", "--dc-limit", "3", "--dc-k", SELECTION,
             "--dc-reference", "oracle", "--dc-no-baseline"]
     proc = subprocess.run(argv, env=dict(ENV, DELTACHECK_KNOWN_ISSUES=str(known)), capture_output=True, text=True,
                           timeout=HANG_GUARD_S, cwd=TESTS.parent)
@@ -220,7 +267,7 @@ def pytest_outcome(known: Path):
 @pytest.mark.parametrize("situation", list(KNOWN_SITUATIONS))
 def test_cli_and_pytest_agree_on_known_issues(situation, tmp_path, run_cli):
     where, extra, fails, line = KNOWN_SITUATIONS[situation]
-    known = write(tmp_path, ENTRY.format(where=where, extra=extra))
+    known = write(tmp_path, ENTRY.format(backend="nan-on-one", where=where, extra=extra))
     cli_rc, cli_text = cli_outcome(run_cli, tmp_path, known)
     py_rc, py_text = pytest_outcome(known)
     assert (cli_rc != 0, py_rc != 0) == (fails, fails), f"CLI exit {cli_rc}:\n{cli_text}\npytest exit {py_rc}:\n{py_text}"
@@ -230,6 +277,26 @@ def test_cli_and_pytest_agree_on_known_issues(situation, tmp_path, run_cli):
     if situation == "the entry covers the failing case":
         assert "xfail" in py_text.lower(), py_text
     if situation == "the entry covers a passing case too":
+        assert "known issue no longer reproduces" in py_text, py_text
+
+
+@pytest.mark.parametrize("situation", list(REFUSAL_SITUATIONS))
+def test_cli_and_pytest_agree_on_known_refusals(situation, tmp_path, run_cli):
+    """An ``error_contains`` entry: the refusal it names is known (every check of the case, those left unrun after
+    the first call raised included); without the key, or naming another message, the errors still fail the run."""
+    where, extra, fails, line = REFUSAL_SITUATIONS[situation]
+    known = write(tmp_path, ENTRY.format(backend="refuses-one", where=where, extra=extra))
+    cli_rc, cli_text = cli_outcome(run_cli, tmp_path, known, "RefusesOneCase")
+    py_rc, py_text = pytest_outcome(known, "RefusesOneCase")
+    assert (cli_rc != 0, py_rc != 0) == (fails, fails), f"CLI exit {cli_rc}:\n{cli_text}\npytest exit {py_rc}:\n{py_text}"
+    assert "Traceback" not in cli_text + py_text
+    if line:
+        assert line in cli_text, cli_text
+    if not fails:
+        assert "xfail" in py_text.lower() and "invalid sequence lengths" in py_text, py_text
+    elif situation != "error_contains on a passing case too":
+        assert "invalid sequence lengths" in cli_text and "failed as known issues" not in cli_text, cli_text
+    else:
         assert "known issue no longer reproduces" in py_text, py_text
 
 
