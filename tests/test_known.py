@@ -102,7 +102,7 @@ def test_an_unknown_backend_is_refused_where_the_runs_backends_are_known(tmp_pat
 
 
 def test_an_unknown_backend_in_an_entry_is_a_usage_error_in_both(tmp_path, run_cli):
-    known = write(tmp_path, ENTRY.format(where=BAD, extra="").replace('"nan-on-one"', '"nan-on-two"'))
+    known = write(tmp_path, ENTRY.format(backend="nan-on-two", where=BAD, extra=""))
     cli_rc, cli_text = cli_outcome(run_cli, tmp_path, known)
     py_rc, py_text = pytest_outcome(known)
     assert cli_rc == 2 and "backend = 'nan-on-two' is not a backend" in cli_text and "Traceback" not in cli_text
