@@ -468,3 +468,35 @@ class OldStyle:
 
     def run(self, case, inputs):
         return get_backend("oracle").run(case, inputs)
+
+
+class RefusesOneCase(Working):
+    """Right everywhere except one case, where the library raises (refuses a valid input), as FlashQLA 0.1.3 does
+    on a packed batch holding an empty sequence."""
+
+    name = "refuses-one"
+    BAD = NaNOnOneCase.BAD
+
+    def run(self, case, inputs):
+        if case.id.startswith(self.BAD):
+            raise ValueError("invalid sequence lengths: [0, 1, 3] (fake)")
+        return super().run(case, inputs)
+
+
+def FlashQlaOnItsDouble():  # noqa: N802 - loaded as fake_backends:FlashQlaOnItsDouble, called like a class
+    """The real ``flashqla`` adapter over the flash-qla 0.1.3 contract double (tests/doubles/flash_qla.py)."""
+    from doubles import flash_qla
+
+    from deltacheck.harness.backends.flashqla.adapter import FlashQlaBackend
+
+    return FlashQlaBackend(flash_qla.make())
+
+
+def FlaDispatchOnItsDouble():  # noqa: N802 - as above
+    """The real ``fla-dispatch`` adapter over the FLA 0.6 dispatch double (FlashQLA installed)."""
+    from doubles import fla_dispatch
+
+    from deltacheck.harness.backends.fla.dispatch import FlaDispatchBackend
+
+    ops, backends = fla_dispatch.make()
+    return FlaDispatchBackend(ops, backends_module=backends)

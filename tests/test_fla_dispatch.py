@@ -180,3 +180,18 @@ def test_dispatch_hands_flashqla_an_empty_sequence_and_the_user_gets_its_error()
     assert results and all(r.status == "error" for r in results), [(r.check, r.status) for r in results]
     assert "invalid sequence lengths" in results[0].reason
     assert all(r.status == "pass" for r in judged(b, K64) if r.status != "skip")
+
+
+def test_the_shipped_entry_makes_the_refusal_known_under_the_cli_where_flashqla_serves(run_cli, monkeypatch, tmp_path):
+    """The same refusal through FLA's dispatch (fla-core 0.6.0 + flash-qla 0.1.3, SM90) is known under ``deltacheck
+    run``, by the fla-dispatch entry; the case without an empty sequence passes every check."""
+    from test_flashqla import known_refusal_run
+
+    env = environment.Env(cuda=True, device_name=H200.device_name, capability=(9, 0),
+                          versions={**H200.versions, "flash_qla": "0.1.3"})
+    rc, text, statuses = known_refusal_run(run_cli, monkeypatch, tmp_path, "fake_backends:FlaDispatchOnItsDouble", env)
+    empty, ended, control = statuses.values()
+    assert rc == 0, text
+    assert "failed as known issues (flashqla-auto-cp-refuses-empty-sequence-via-fla-dispatch)" in text, text
+    assert set(empty.values()) == {"known"} and set(control.values()) == {"pass"}, statuses
+    assert ended["continuation_ref"] == ended["continuation_self"] == "known" and ended["forward"] == "pass"

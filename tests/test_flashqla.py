@@ -195,3 +195,45 @@ def test_registered_and_importing_it_imports_no_library():
     assert get_backend("flashqla").name == "flashqla"
     assert "flash_qla" not in sys.modules and "tilelang" not in sys.modules
     assert Verdict  # the protocol's verdict type is what check returns
+
+
+# ======================================================== the shipped known issue, through `deltacheck run`
+
+def known_refusal_run(run_cli, monkeypatch, tmp_path, spec: str, env: environment.Env):
+    """``deltacheck run`` of an adapter over its double on an H200 Env (the machine the entry was measured on):
+    an empty sequence, a continuation ending a 1-token sequence, and a control without either. Returns (exit status,
+    output, {case: {check: status}})."""
+    import json
+
+    from deltacheck.harness.commands import run as run_command
+    from deltacheck.harness.run import execute
+
+    for module in (execute, run_command):
+        monkeypatch.setattr(module, "probe_env", lambda: env)
+    base = Case(op="gdn", layout="thd", seqlens=(3, 2, 5), H=2, HK=2, HV=2, K=128, V=128)
+    cases = [base.replace(seqlens=(3, 0, 5)), base.replace(seqlens=(1, 70, 5), splits=(3,)), base]
+    argv = ["run", "--backend", spec, "--out", str(tmp_path), "--in-process", "--no-baseline", "--reference", "oracle"]
+    rc, text = run_cli([*argv, *(a for c in cases for a in ("--case", c.id))], env={"DELTACHECK_KNOWN_ISSUES": None})
+    statuses: dict = {c.id: {} for c in cases}
+    for line in next(tmp_path.iterdir()).joinpath("results.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record.get("kind") == "result":
+            statuses[record["case"]][record["check"]] = record["status"]
+    return rc, text, statuses
+
+
+def test_the_shipped_entry_makes_flashqlas_refusal_known_under_the_cli(run_cli, monkeypatch, tmp_path):
+    """flash-qla 0.1.3 on SM90: the refusal is known (run green), the passing checks stay passes; on 0.1.4, where no
+    one has looked, the same errors fail the run."""
+    rc, text, statuses = known_refusal_run(run_cli, monkeypatch, tmp_path / "a", "fake_backends:FlashQlaOnItsDouble",
+                                           H200)
+    empty, ended, control = statuses.values()
+    assert rc == 0, text
+    assert "failed as known issues (flashqla-auto-cp-refuses-empty-sequence)" in text, text
+    assert set(empty.values()) == {"known"} and set(control.values()) == {"pass"}, statuses
+    assert ended["continuation_ref"] == ended["continuation_self"] == "known" and ended["forward"] == "pass"
+    newer = environment.Env(cuda=True, device_name=H200.device_name, capability=(9, 0),
+                            versions={**VERSIONS, "flash_qla": "0.1.4"})
+    rc, text, statuses = known_refusal_run(run_cli, monkeypatch, tmp_path / "b", "fake_backends:FlashQlaOnItsDouble",
+                                           newer)
+    assert rc == 1 and "error" in set(next(iter(statuses.values())).values()), text

@@ -16,6 +16,7 @@ from child_env import ENV, HANG_GUARD_S, TESTS
 from deltacheck.cases import Case
 from deltacheck.harness.ci.known import (
     SHIPPED,
+    applicable,
     KnownIssuesError,
     known_issue_paths,
     load_known_issues,
@@ -57,6 +58,8 @@ def write(tmp_path: Path, text: str, name: str = "known.toml") -> Path:
     (GOOD + 'versions = { nvidia-cudnn-frontend = "1.32 or so" }\n', "is not a PEP 440 specifier set"),
     (GOOD + 'sm = ["hopper"]\n', "sm must be a list of compute capabilities"),
     (GOOD + 'checks = "forward"\n', "checks must be a list of check names"),
+    (GOOD + 'error_contains = ""\n', "error_contains must be a non-empty string"),
+    (GOOD + 'error_contains = ["invalid"]\n', "error_contains must be a non-empty string"),
     ("[[issue]\nid = 1\n", "not valid TOML"),
     ('title = "mine"\n' + GOOD, "expected only [[issue]] tables"),
 ])
@@ -99,7 +102,7 @@ def test_an_unknown_backend_is_refused_where_the_runs_backends_are_known(tmp_pat
 
 
 def test_an_unknown_backend_in_an_entry_is_a_usage_error_in_both(tmp_path, run_cli):
-    known = write(tmp_path, ENTRY.format(where=BAD, extra="").replace('"nan-on-one"', '"nan-on-two"'))
+    known = write(tmp_path, ENTRY.format(backend="nan-on-two", where=BAD, extra=""))
     cli_rc, cli_text = cli_outcome(run_cli, tmp_path, known)
     py_rc, py_text = pytest_outcome(known)
     assert cli_rc == 2 and "backend = 'nan-on-two' is not a backend" in cli_text and "Traceback" not in cli_text
@@ -177,6 +180,42 @@ def test_an_entry_whose_checks_all_pass_is_gone_and_one_that_did_not_run_is_not_
     assert outcomes([result("grad_q", "pass")], [issue]) == {"x": "not judged"}
 
 
+def refusal(check: str, status: str, reason: str = "ValueError: invalid sequence lengths: [1, 0, 1]") -> Result:
+    return Result(case=CASE.id, backend="cudnn", check=check, status=status, reason="" if status == "pass" else reason)
+
+
+def test_an_errored_check_is_never_known_without_error_contains(tmp_path):
+    issue = one_entry(tmp_path)
+    r = refusal("forward", "error")
+    mark_known(r, [issue])
+    assert r.status == "error" and outcomes([r], [issue]) == {"x": "not judged"}
+
+
+def test_error_contains_turns_the_errors_it_names_into_known_and_nothing_else(tmp_path):
+    """A library's refusal (it raised) is known when the message holds the entry's text; a wrong value, or an error
+    with another message, is a new failure and stays one."""
+    issue = one_entry(tmp_path, 'error_contains = "invalid sequence lengths"\n')
+    results = [refusal("forward", "error"), refusal("state", "error"),
+               refusal("determinism", "error", "not run: the first call raised ValueError: invalid sequence lengths: "
+                                               "[1, 0, 1]"),
+               refusal("continuation_ref", "error", "RuntimeError: CUDA error: an illegal memory access"),
+               refusal("continuation_self", "fail", "out rel RMS 1.0e+00 > limit 1.1e-02"), refusal("grad_q", "pass")]
+    for r in results:
+        mark_known(r, [issue])
+    assert [r.status for r in results] == ["known", "known", "known", "error", "fail", "pass"]
+    assert results[0].reason == ("known issue x: r — ValueError: invalid sequence lengths: [1, 0, 1]")
+    assert results[0].metrics["known_issue"] == "x"
+    assert outcomes(results, [issue]) == {"x": "reproduced"}
+
+
+def test_an_error_contains_entry_whose_checks_all_pass_is_gone_and_a_wrong_value_proves_nothing(tmp_path):
+    issue = one_entry(tmp_path, 'error_contains = "invalid sequence lengths"\nchecks = ["continuation_ref"]\n')
+    assert outcomes([refusal("forward", "error"), refusal("continuation_ref", "pass")], [issue]) == {"x": "gone"}
+    failing = refusal("continuation_ref", "fail", "invalid sequence lengths, said a fail reason")
+    mark_known(failing, [issue])
+    assert failing.status == "fail" and outcomes([failing], [issue]) == {"x": "not judged"}
+
+
 # --- the CLI and the pytest plugin: one verdict ---------------------------------------------------------------------
 
 # fake_backends.NaNOnOneCase is all-NaN on its one bad case and right everywhere else.
@@ -185,7 +224,7 @@ SELECTION = f"{BAD} or (kda and K64-V64 and not bwd)"
 ENTRY = """
 [[issue]]
 id = "fake-nan"
-backend = "nan-on-one"
+backend = "{backend}"
 op = "kda"
 where = "{where}"
 reason = "all-NaN out on one case"
@@ -200,17 +239,26 @@ KNOWN_SITUATIONS = {
     "the entry covers a passing case too": ("kda", "", True, "known issue no longer reproduces: fake-nan matches"),
     "the entry is for another architecture": (BAD, "sm = [90]", True, None),
 }
+# fake_backends.RefusesOneCase raises on the same one case (a library's refusal): an error, not a wrong value.
+REFUSAL_SITUATIONS = {
+    "error_contains names the refusal": (BAD, 'error_contains = "invalid sequence lengths"', False,
+                                         "failed as known issues (fake-nan)"),
+    "an entry without error_contains": (BAD, "", True, None),
+    "error_contains names another error": (BAD, 'error_contains = "out of memory"', True, None),
+    "error_contains on a passing case too": ("kda", 'error_contains = "invalid sequence lengths"', True,
+                                             "known issue no longer reproduces: fake-nan matches"),
+}
 
 
-def cli_outcome(run_cli, tmp_path, known: Path):
-    return run_cli(["run", "--backend", "fake_backends:NaNOnOneCase", "--tier", "L0", "--limit", "3", "-k", SELECTION,
+def cli_outcome(run_cli, tmp_path, known: Path, backend: str = "NaNOnOneCase"):
+    return run_cli(["run", "--backend", f"fake_backends:{backend}", "--tier", "L0", "--limit", "3", "-k", SELECTION,
                     "--out", str(tmp_path / "cli"), "--in-process", "--no-baseline", "--reference", "oracle",
                     "--known-issues", str(known)], env={"DELTACHECK_KNOWN_ISSUES": None})
 
 
-def pytest_outcome(known: Path):
+def pytest_outcome(known: Path, backend: str = "NaNOnOneCase"):
     argv = [sys.executable, "-m", "pytest", str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider", "-rxX",
-            "--dc-backend", "fake_backends:NaNOnOneCase", "--dc-limit", "3", "--dc-k", SELECTION,
+            "--dc-backend", f"fake_backends:{backend}", "--dc-limit", "3", "--dc-k", SELECTION,
             "--dc-reference", "oracle", "--dc-no-baseline"]
     proc = subprocess.run(argv, env=dict(ENV, DELTACHECK_KNOWN_ISSUES=str(known)), capture_output=True, text=True,
                           timeout=HANG_GUARD_S, cwd=TESTS.parent)
@@ -220,7 +268,7 @@ def pytest_outcome(known: Path):
 @pytest.mark.parametrize("situation", list(KNOWN_SITUATIONS))
 def test_cli_and_pytest_agree_on_known_issues(situation, tmp_path, run_cli):
     where, extra, fails, line = KNOWN_SITUATIONS[situation]
-    known = write(tmp_path, ENTRY.format(where=where, extra=extra))
+    known = write(tmp_path, ENTRY.format(backend="nan-on-one", where=where, extra=extra))
     cli_rc, cli_text = cli_outcome(run_cli, tmp_path, known)
     py_rc, py_text = pytest_outcome(known)
     assert (cli_rc != 0, py_rc != 0) == (fails, fails), f"CLI exit {cli_rc}:\n{cli_text}\npytest exit {py_rc}:\n{py_text}"
@@ -230,6 +278,26 @@ def test_cli_and_pytest_agree_on_known_issues(situation, tmp_path, run_cli):
     if situation == "the entry covers the failing case":
         assert "xfail" in py_text.lower(), py_text
     if situation == "the entry covers a passing case too":
+        assert "known issue no longer reproduces" in py_text, py_text
+
+
+@pytest.mark.parametrize("situation", list(REFUSAL_SITUATIONS))
+def test_cli_and_pytest_agree_on_known_refusals(situation, tmp_path, run_cli):
+    """An ``error_contains`` entry: the refusal it names is known (every check of the case, those left unrun after
+    the first call raised included); without the key, or naming another message, the errors still fail the run."""
+    where, extra, fails, line = REFUSAL_SITUATIONS[situation]
+    known = write(tmp_path, ENTRY.format(backend="refuses-one", where=where, extra=extra))
+    cli_rc, cli_text = cli_outcome(run_cli, tmp_path, known, "RefusesOneCase")
+    py_rc, py_text = pytest_outcome(known, "RefusesOneCase")
+    assert (cli_rc != 0, py_rc != 0) == (fails, fails), f"CLI exit {cli_rc}:\n{cli_text}\npytest exit {py_rc}:\n{py_text}"
+    assert "Traceback" not in cli_text + py_text
+    if line:
+        assert line in cli_text, cli_text
+    if not fails:
+        assert "xfail" in py_text.lower() and "invalid sequence lengths" in py_text, py_text
+    elif situation != "error_contains on a passing case too":
+        assert "invalid sequence lengths" in cli_text and "failed as known issues" not in cli_text, cli_text
+    else:
         assert "known issue no longer reproduces" in py_text, py_text
 
 
@@ -675,6 +743,76 @@ H200_VLLM_CHUNK_PASSED = [
 ]
 
 
+H200_QLA = replace(H200, versions={**H200.versions, "flash_qla": "0.1.3", "tilelang": "0.1.15"})
+
+# FlashQLA 0.1.3 on the H200 (2026-12-02, issue 25, helper w25): `deltacheck run --tier L0 --op gdn --backend
+# fla-dispatch --backend flashqla --backend vllm-fla -j 8 --threads 1`, cut at 280 s; the cases that ran (a check not
+# skipped). The two errored (ValueError: invalid sequence lengths), every check of the others passed; the same two
+# on fla-dispatch (served by FlashQLA through FLA's dispatch), where FLA's Triton served three other empty-sequence
+# cases (beta sigmoid or K = 96) and they passed.
+H200_QLA_REFUSED = [
+    "gdn-bf16-thd-N3-T[1_300_192]-H1/1/4-K128-V128-long-state_bf16-l2norm-scale1.0-h0-cont[150_200]",
+    "gdn-fp16-thd-N6-T[63_1_0_64_65_2]-H2/2/2-K128-V128-trained-beta_zero-l2norm-h0",
+]
+H200_QLA_PASSED = [
+    "gdn-bf16-bhsd-N1-L128-H2/2/4-K128-V128-mild-beta_one-l2norm-h0-cont[63]",
+    "gdn-bf16-bshd-N2-L129-H2/2/2-K128-V128-typical-l2norm-cont[64]-bwd",
+    "gdn-bf16-sbhd-N1-L1-H2/2/2-K128-V128-steep-state_bf16-l2norm",
+    "gdn-bf16-sbhd-N2-L257-H4/4/4-K128-V128-long-beta_zero-scale0.5-h0-cont[171]-bwd",
+    "gdn-fp16-bhsd-N1-L65-H4/4/4-K128-V128-zero-state_bf16-scale0.0625-cont[1]",
+    "gdn-fp16-bshd-N2-L129-H1/1/4-K128-V128-typical-state_bf16-beta_one-scale0.0625-h0",
+    "gdn-fp16-sbhd-N1-L200-H1/1/4-K128-V128-mild-state_bf16-beta_zero-scale1.0-bwd",
+    "gdn-fp16-thd-N1-T[63]-H4/4/4-K128-V128-extreme-beta_one-cont[21_31]",
+]
+H200_FLA_DISPATCH_GDN_PASSED = H200_QLA_PASSED + [
+    "gdn-bf16-bhsd-N1-L128-H2/2/2-K96-V96-trained-state_bf16-safegate-scale0.0625-h0-cont[64_127]",
+    "gdn-bf16-bhsd-N1-L200-H1/1/4-K128-V128-mild-beta_zero-sigmoid-negeig-safegate-dtbias-h0-bwd",
+    "gdn-bf16-bhsd-N1-L64-H2/2/4-K96-V96-trained-state_bf16-beta_zero-h0-cont[63]",
+    "gdn-bf16-bshd-N1-L65-H4/4/4-K96-V96-typical-state_bf16-beta_near2-sigmoid-negeig-scale1.0",
+    "gdn-bf16-bshd-N2-L129-H4/4/4-K96-V96-zero-beta_one-l2norm",
+    "gdn-bf16-bshd-N3-L65-H2/2/2-K96-V96-steep-state_bf16-beta_zero-l2norm-safegate-alog-dtbias-bwd",
+    "gdn-bf16-sbhd-N2-L200-H2/2/2-K96-V96-long-beta_zero-sigmoid-safegate-dtbias-h0-cont[100]-bwd",
+    "gdn-bf16-sbhd-N3-L65-H2/2/2-K128-V128-trained-sigmoid-safegate-alog-scale0.5-cont[64]",
+    "gdn-bf16-sbhd-N3-L65-H2/2/4-K96-V96-typical-beta_one-l2norm",
+    "gdn-bf16-thd-N3-T[0_1_127]-H4/4/4-K128-V128-extreme-state_bf16-beta_near2-sigmoid-negeig-safegate-alog-dtbias-"
+    "scale0.5-cont[42_64]-bwd",
+    "gdn-bf16-thd-N3-T[0_1_127]-H4/4/4-K96-V96-typical-sigmoid-safegate-dtbias-scale0.0625-cont[1_64]",
+    "gdn-fp16-bhsd-N2-L64-H1/1/4-K128-V128-zero-sigmoid-safegate-alog-dtbias-scale0.0625-h0-cont[21]",
+    "gdn-fp16-thd-N6-T[63_1_0_64_65_2]-H2/2/2-K128-V128-zero-state_bf16-beta_near2-l2norm-sigmoid-negeig-safegate-"
+    "scale0.0625-h0-cont[32]-bwd",
+]
+# What those two cases' checks said (results.jsonl of that run; the determinism check of the first, left unrun after
+# the first call raised, worded as the runner words it since: with the first call's error).
+H200_QLA_REFUSALS = {
+    H200_QLA_REFUSED[0]: {"forward": "pass", "state": "pass", "determinism": "pass",
+                          "continuation_ref": "ValueError: invalid sequence lengths: [0, 1, 1]",
+                          "continuation_self": "ValueError: invalid sequence lengths: [0, 1, 1]"},
+    H200_QLA_REFUSED[1]: {"forward": "ValueError: invalid sequence lengths: [1, 1, 0, 1, 2, 1]",
+                          "state": "ValueError: invalid sequence lengths: [1, 1, 0, 1, 2, 1]",
+                          "determinism": "not run: the first call raised ValueError: invalid sequence lengths: "
+                                         "[1, 1, 0, 1, 2, 1]"},
+}
+
+
+@pytest.mark.parametrize("spec", ["flashqla", "fla-dispatch"])
+def test_the_shipped_flashqla_refusal_entries_make_exactly_the_h200_errors_known(spec):
+    """On the run the entries came from, every errored check becomes known (each case's outcome 'reproduced'), the
+    passing checks stay passes, and a wrong value on the same checks would stay a failure."""
+    entries = [i for i in load_known_issues([SHIPPED]) if i.error_contains]
+    for case_id, checks in H200_QLA_REFUSALS.items():
+        applying = applicable(entries, Case.from_id(case_id), spec, spec, H200_QLA)
+        assert len(applying) == 1 and applying[0].backend == spec, case_id
+        results = [Result(case=case_id, backend=spec, check=check, status="pass" if said == "pass" else "error",
+                          reason="" if said == "pass" else said) for check, said in checks.items()]
+        for r in results:
+            mark_known(r, applying)
+        assert {r.status for r in results} <= {"known", "pass"} and "known" in {r.status for r in results}, case_id
+        assert outcomes(results, applying) == {applying[0].id: "reproduced"}
+        wrong = Result(case=case_id, backend=spec, check="continuation_ref", status="fail", reason="out rel RMS 1.2")
+        mark_known(wrong, applying)
+        assert wrong.status == "fail"
+
+
 # The FlashInfer lists are defined further down; the parameters are read when the module is collected.
 def _shipped_entry_params():
     return [
@@ -698,6 +836,10 @@ def _shipped_entry_params():
          H200_FI_DECODE_FAILED, H200_FI_DECODE_PASSED),
         ("vllm-fla-chunk-empty-sequence-misnumbers-chunks", "vllm-fla", "vllm-fla-recurrent", H200_VLLM,
          H200_VLLM_CHUNK_FAILED, H200_VLLM_CHUNK_PASSED),
+        ("flashqla-auto-cp-refuses-empty-sequence", "flashqla", "fla-dispatch", H200_QLA,
+         H200_QLA_REFUSED, H200_QLA_PASSED),
+        ("flashqla-auto-cp-refuses-empty-sequence-via-fla-dispatch", "fla-dispatch", "flashqla", H200_QLA,
+         H200_QLA_REFUSED, H200_FLA_DISPATCH_GDN_PASSED),
     ]
 
 

@@ -14,10 +14,14 @@ A table ships with the project (``harness/ci/known_issues.toml``); users add fil
     where = "extreme"                              # a -k expression over case ids
     checks = ["forward", "state"]                  # optional: only these checks (default: every check); names
                                                    # as harness.task.checks_for gives them (CHECK_NAMES)
+    error_contains = "invalid sequence lengths"   # optional: match checks that ERRORED with this in their
+                                                   # message (the library raised), instead of failing checks
     reason = "all-NaN output under steep decay, no decline"
     evidence = "deltacheck run --case '...' --backend cudnn (H200, FE 1.32.0)"
 
 A failing check an entry matches becomes ``known`` (an xfail): not a failure, listed apart, counted on its own.
+With ``error_contains`` the entry matches errored checks instead (a library that refuses a valid input): only
+those whose message contains that text; a failing check, or an error with another message, stays what it is.
 Values are validated, not only keys: an unknown op, check name or backend is refused (``KnownIssuesError`` naming
 the entry and the valid values), since such an entry could never match and strict mode could never flag it. The
 backend is checked where the run's backends are known (``load_known_issues(..., backends=...)``): a registered
@@ -47,7 +51,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 ENV_VAR = "DELTACHECK_KNOWN_ISSUES"
 SHIPPED = Path(__file__).with_name("known_issues.toml")
-_KEYS = {"id", "backend", "op", "versions", "sm", "where", "checks", "reason", "evidence"}
+_KEYS = {"id", "backend", "op", "versions", "sm", "where", "checks", "error_contains", "reason", "evidence"}
 _REQUIRED = ("id", "backend", "op", "where", "reason", "evidence")
 
 
@@ -71,6 +75,7 @@ class KnownIssue:
     versions: Mapping[str, str] = field(default_factory=dict)
     sm: tuple[int, ...] = ()
     checks: tuple[str, ...] = ()
+    error_contains: str = ""
     source: str = ""
 
     def applies_to(self, case, spec: str, backend_name: str, env) -> bool:
@@ -87,6 +92,15 @@ class KnownIssue:
 
     def covers(self, check: str) -> bool:
         return not self.checks or check in self.checks
+
+    def explains(self, result) -> bool:
+        """Whether this entry turns ``result`` (of a case it applies to) into ``known``: a failing check it covers,
+        or, for an ``error_contains`` entry, instead an errored check it covers whose message holds that text."""
+        if not self.covers(result.check):
+            return False
+        if self.error_contains:
+            return result.status == "error" and self.error_contains in (result.reason or "")
+        return result.status == "fail"
 
 
 def _version_key(package: str) -> str:
@@ -126,6 +140,9 @@ def _entry(raw: Mapping, where: str, seen: dict[str, str]) -> KnownIssue:
         raise KnownIssuesError(f"{where}: checks must be a list of check names")
     if not isinstance(sm, list) or not all(isinstance(x, int) for x in sm):
         raise KnownIssuesError(f"{where}: sm must be a list of compute capabilities like [90]")
+    error_contains = raw.get("error_contains", "")
+    if "error_contains" in raw and (not isinstance(error_contains, str) or not error_contains.strip()):
+        raise KnownIssuesError(f"{where}: error_contains must be a non-empty string (text of the error message)")
     if raw["op"] not in OPS:
         raise KnownIssuesError(f"{where}: op = {raw['op']!r} is not an op; ops are {', '.join(OPS)}")
     bad = [c for c in checks if c not in CHECK_NAMES]
@@ -133,7 +150,7 @@ def _entry(raw: Mapping, where: str, seen: dict[str, str]) -> KnownIssue:
         raise KnownIssuesError(f"{where}: checks: {', '.join(map(repr, bad))} not a check name; checks are "
                                f"{', '.join(CHECK_NAMES)}")
     return KnownIssue(ident, raw["backend"], raw["op"], raw["where"], raw["reason"], raw["evidence"],
-                      dict(versions), tuple(sm), tuple(checks), source=where)
+                      dict(versions), tuple(sm), tuple(checks), error_contains, source=where)
 
 
 def load_known_issues(paths: Iterable[str | os.PathLike], backends: Iterable[str] | None = None) -> list[KnownIssue]:
@@ -199,10 +216,11 @@ def applicable(issues: list[KnownIssue], case, spec: str, backend_name: str, env
 
 
 def mark_known(result, entries: list[KnownIssue]) -> None:
-    """A failing check an entry covers becomes ``known`` (in place), its reason naming the entry."""
-    if result.status != "fail":
+    """A failing check an entry covers (an errored one, for an ``error_contains`` entry whose text its message
+    holds) becomes ``known`` (in place), its reason naming the entry."""
+    if result.status not in ("fail", "error"):
         return
-    issue = next((i for i in entries if i.covers(result.check)), None)
+    issue = next((i for i in entries if i.explains(result)), None)
     if issue is not None:
         result.status, result.reason = "known", f"known issue {issue.id}: {issue.reason} — {result.reason}"
         result.metrics["known_issue"] = issue.id
