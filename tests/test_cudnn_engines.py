@@ -214,11 +214,22 @@ def test_a_declined_pin_is_a_decline_listing_what_was_offered():
     v = backend.check(Case(op="kda", seqlens=(4,), l2norm=True), ENV)
     assert not v.runnable
     assert v.reason == ("cuDNN declined (plan_name='kda_hopper'): no kda_hopper plan for this graph "
-                        "(offered: ['kda_frost', 'kda_cutile', 'kda_hopper_cuda'])")
+                        "(offered: ['kda_frost', 'kda_cutile', 'kda_hopper_cuda']); outside kda_hopper's gate "
+                        "(docs/libraries.md): dims=64x64 (serves 128x128)")
     assert backend.check(Case(op="kda", seqlens=(4,)), ENV).runnable
     # the routing backend, on the same double, is served by the next engine instead
     routed = adapter.CudnnBackend(double, device="cpu")
     assert routed.check(Case(op="kda", seqlens=(4,), l2norm=True), ENV).runnable
+
+
+def test_a_declined_pin_inside_the_engines_envelope_keeps_fes_words_alone():
+    # The engine's envelope serves this case, so the pin's decline has nothing of ours to add.
+    double = cudnn_la.make(engine_decline=lambda engine, fn, call: "declined" if engine == "kda_hopper" else None)
+    backend = adapter.CudnnEngineBackend("kda_hopper", double, device="cpu")
+    case = Case(op="kda", seqlens=(4,), K=128, V=128)
+    assert [e.contains(case) for e in facts.engine_envelopes("kda_hopper")] == [True]
+    v = backend.check(case, ENV)
+    assert not v.runnable and "outside" not in v.reason and "no kda_hopper plan" in v.reason, v.reason
 
 
 def test_a_pinned_backend_serves_only_its_op():

@@ -299,6 +299,17 @@ class CudnnEngineBackend(CudnnBackend):
             return Verdict.no(f"{self.name} serves {facts.ENGINES[self.engine]} only, not {op!r}")
         return facts.engine_verdict(self.engine, env)
 
+    def _probe(self, case) -> Verdict:
+        # A strict pin's decline names only the plans offered; the engine's own gate reason stays inside FE. Where
+        # the case is outside the engine's envelope (read from that gate), say which axis put it there.
+        verdict = super()._probe(case)
+        if verdict.runnable:
+            return verdict
+        outside = [why for e in facts.engine_envelopes(self.engine) if (why := e.why_not(case))]
+        if not outside:
+            return verdict
+        return Verdict.no(f"{verdict.reason}; outside {self.engine}'s gate (docs/libraries.md): {outside[0]}")
+
     def envelopes(self, op: str, env=None, sm: int | None = None):
         if op not in self.ops:
             return []
