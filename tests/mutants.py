@@ -79,8 +79,8 @@ class _FlipGrad(torch.autograd.Function):
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad):
-        return grad * ctx.factor, None
+    def backward(ctx, grad):  # factor: a number, or a function of the gradient
+        return (ctx.factor(grad) if callable(ctx.factor) else grad * ctx.factor), None
 
 
 def _per_sequence_carry(case, inputs):
@@ -292,6 +292,30 @@ def _error_times(factor):
     return run
 
 
+def _l2norm_in_place(case, inputs):
+    """use_qk_l2norm_in_kernel done in place: the caller's q and k come back normalized (idempotent, so a second call
+    computes the same)."""
+    if case.l2norm:
+        with torch.no_grad():
+            for name in ("q", "k"):
+                x = inputs[name]
+                x.copy_(torch.nn.functional.normalize(x.float(), dim=-1, eps=1e-6).to(x.dtype))
+    return ORACLE.run(case, inputs)
+
+
+def _pads_g_past_end(case, inputs):
+    """g padded to a whole 64-token chunk in place: zeros stored past its end (into whatever lies there)."""
+    g = inputs["g"]
+    buf = g._base
+    if buf is not None and buf.dim() == 1:
+        start = g.storage_offset() - buf.storage_offset()
+        per_token = g.numel() // max(1, case.total_tokens)
+        pad = (-case.total_tokens) % 64 * per_token
+        with torch.no_grad():
+            buf[start + g.numel():start + g.numel() + pad] = 0
+    return ORACLE.run(case, inputs)
+
+
 @dataclass(frozen=True)
 class Mutant:
     name: str
@@ -358,4 +382,19 @@ MUTANTS = [
            _short_call_drops_h0),
     Mutant("partial_chunk_zero", "each sequence's last partial 64-token chunk left as allocated zeros",
            _partial_chunk_zero),
+    Mutant("l2norm_in_place", "q and k l2-normalized in place: the caller's tensors overwritten", _l2norm_in_place),
+    Mutant("pads_g_past_end", "g zero-padded to a whole chunk in place, past its end", _pads_g_past_end),
 ]
+
+
+def _noisy(grad):
+    """The gradient's last bits changed from call to call (an unordered atomic accumulation)."""
+    return grad * (1 + 1e-12 * torch.randn(grad.shape, dtype=grad.dtype, device=grad.device))
+
+
+# Bugs the checks do not catch today (docs/verdicts.md, "Known gaps"); tests/test_mutants.py holds each as a strict xfail.
+GAPS = [
+    Mutant("nondeterministic_backward", "dk accumulated with unordered atomics: the gradient's last bits vary per call",
+           lambda c, i: ORACLE.run(c, dict(i, k=_FlipGrad.apply(i["k"], _noisy)))),
+]
+
