@@ -392,7 +392,8 @@ def _noisy(grad):
     return grad * (1 + 1e-12 * torch.randn(grad.shape, dtype=grad.dtype, device=grad.device))
 
 
-# Bugs the checks do not catch today (docs/verdicts.md, "Known gaps"); tests/test_mutants.py holds each as a strict xfail.
+# Bugs the checks do not catch today (docs/verdicts.md, "Known gaps"); tests/test_mutants.py holds each as a strict
+# xfail.
 GAPS = [
     Mutant("nondeterministic_backward", "dk accumulated with unordered atomics: the gradient's last bits vary per call",
            lambda c, i: ORACLE.run(c, dict(i, k=_FlipGrad.apply(i["k"], _noisy)))),
