@@ -397,5 +397,6 @@ def _noisy(grad):
 GAPS = [
     Mutant("nondeterministic_backward", "dk accumulated with unordered atomics: the gradient's last bits vary per call",
            lambda c, i: ORACLE.run(c, dict(i, k=_FlipGrad.apply(i["k"], _noisy)))),
+    Mutant("output_flushed_to_zero", "the output flushed to zero (an underflow/FTZ bug at small magnitudes)",
+           lambda c, i: (lambda o, s: (o * 0, s))(*ORACLE.run(c, i))),
 ]
-
