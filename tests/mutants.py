@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from deltacheck.cases import Case
 from deltacheck.harness.backends.base import Verdict, get_backend
 from deltacheck.reference import layouts
 from deltacheck.reference import ops as reference_ops
@@ -316,6 +317,36 @@ def _pads_g_past_end(case, inputs):
     return ORACLE.run(case, inputs)
 
 
+def _flag_dropped(field, when):
+    """The adapter does not forward one of the case's flags: the kernel runs with the field's default."""
+    def run(case, inputs):
+        if not when(case):
+            return ORACLE.run(case, inputs)
+        return ORACLE.run(case.replace(**{field: Case.__dataclass_fields__[field].default}), inputs)
+
+    return run
+
+
+def _empty_rows_zero(case):
+    """A gradient function that zeroes the initial-state gradient of every empty sequence."""
+    empty = [n for n, length in enumerate(case.seqlens) if length == 0] if case.layout == "thd" else []
+
+    def zero_rows(grad):
+        keep = torch.ones(grad.shape[0], *([1] * (grad.dim() - 1)), dtype=grad.dtype, device=grad.device)
+        keep[empty] = 0
+        return grad * keep
+
+    return zero_rows
+
+
+def _empty_dh0_zero(case, inputs):
+    """The backward skips empty sequences: their initial state's gradient (the final state's, passed through) is 0."""
+    if inputs.get("initial_state") is None:
+        return ORACLE.run(case, inputs)
+    h0 = _FlipGrad.apply(inputs["initial_state"], _empty_rows_zero(case))
+    return ORACLE.run(case, dict(inputs, initial_state=h0))
+
+
 @dataclass(frozen=True)
 class Mutant:
     name: str
@@ -384,6 +415,14 @@ MUTANTS = [
            _partial_chunk_zero),
     Mutant("l2norm_in_place", "q and k l2-normalized in place: the caller's tensors overwritten", _l2norm_in_place),
     Mutant("pads_g_past_end", "g zero-padded to a whole chunk in place, past its end", _pads_g_past_end),
+    Mutant("neg_eigval_dropped", "allow_neg_eigval not forwarded: beta = sigmoid(x), not 2 sigmoid(x)",
+           _flag_dropped("neg_eigval", lambda c: c.neg_eigval)),
+    Mutant("custom_scale_dropped", "the caller's scale not forwarded: the kernel uses 1/sqrt(K)",
+           _flag_dropped("scale", lambda c: c.scale is not None)),
+    Mutant("linear_gate_read_as_log", "gate_domain='linear' not forwarded: alpha read as a log-decay",
+           _flag_dropped("gate_domain", lambda c: c.gate_domain == "linear")),
+    Mutant("empty_seq_dh0_zero", "the backward skips empty sequences: their initial state's gradient left zero",
+           _empty_dh0_zero),
 ]
 
 

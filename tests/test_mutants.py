@@ -35,7 +35,12 @@ DEEP = Case(op="kda", layout="thd", seqlens=(40, 20), H=1, HK=1, HV=1, K=64, V=6
 SAFE = Case(op="kda", layout="bshd", seqlens=(33, 33), H=2, HK=2, HV=2, K=64, V=64, gate="typical", safe_gate=True,
             a_log=True, dt_bias=True, initial_state=True, backward=True)
 L2FWD = Case(op="gdn", layout="thd", seqlens=(20, 30), H=1, HK=1, HV=1, K=64, V=64, gate="typical", l2norm=True)
+FLAGS = Case(op="gdn", layout="thd", seqlens=(30, 20), H=1, HK=1, HV=1, K=64, V=64, gate="typical",
+             beta_sigmoid=True, neg_eigval=True, scale=0.5, gate_domain="linear")
 CLASS_CASES = {
+    "neg_eigval_dropped": [FLAGS],
+    "custom_scale_dropped": [FLAGS],
+    "linear_gate_read_as_log": [FLAGS],
     "l2norm_in_place": [L2FWD],
     "pads_g_past_end": [L2FWD],
     "grads_wrong_at_k96": [K96],
@@ -47,7 +52,7 @@ CLASS_CASES = {
     "safe_gate_not_forwarded": [SAFE],
     "da_log_zero": [SAFE],
 }
-ALL_CASES = CASES + [K96, FP16, DEEP, SAFE, L2FWD]
+ALL_CASES = CASES + [K96, FP16, DEEP, SAFE, L2FWD, FLAGS]
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +87,7 @@ def test_clean_reference_backends_pass_everything(runner, name):
 
 
 def test_catalogue_is_complete():
-    assert len({m.name for m in MUTANTS}) == len(MUTANTS) >= 33
+    assert len({m.name for m in MUTANTS}) == len(MUTANTS) >= 39
     assert set(CLASS_CASES) <= {m.name for m in MUTANTS}
 
 
