@@ -1,5 +1,7 @@
 """Proof that the harness catches bugs: every mutant backend fails at least one check on small CPU
-cases, and the clean reference backends fail none on the same cases."""
+cases (CASES, or the small case its bug class needs: CLASS_CASES), and the clean reference backends fail none on
+the same cases. Bugs not caught today (mutants.GAPS, and one wrong token in a long sequence) are strict xfails, each
+with its numbers (docs/verdicts.md, Known gaps)."""
 
 from __future__ import annotations
 
