@@ -347,6 +347,19 @@ def _empty_dh0_zero(case, inputs):
     return ORACLE.run(case, dict(inputs, initial_state=h0))
 
 
+def _bwd_garbage_h0(case, inputs):
+    """Without an initial state the backward reads an unset h0 buffer (garbage) where the forward used zeros: the
+    output and state are right, every gradient is the garbage-h0 run's."""
+    out, state = ORACLE.run(case, inputs)
+    if inputs.get("initial_state") is not None or not torch.is_grad_enabled():
+        return out, state
+    shape = (case.N, case.HO, case.V, case.K)
+    garbage = torch.Generator().manual_seed(0)
+    h0 = torch.randn(shape, generator=garbage, dtype=torch.float32).to(inputs["q"].device)
+    o2, s2 = ORACLE.run(case, dict(inputs, initial_state=h0))
+    return out.detach() + (o2 - o2.detach()), state.detach() + (s2 - s2.detach())
+
+
 @dataclass(frozen=True)
 class Mutant:
     name: str
@@ -423,6 +436,8 @@ MUTANTS = [
            _flag_dropped("gate_domain", lambda c: c.gate_domain == "linear")),
     Mutant("empty_seq_dh0_zero", "the backward skips empty sequences: their initial state's gradient left zero",
            _empty_dh0_zero),
+    Mutant("bwd_garbage_without_h0", "with no initial state the backward reads an unset h0 (garbage); the forward "
+           "used zeros", _bwd_garbage_h0),
 ]
 
 

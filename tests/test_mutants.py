@@ -39,7 +39,9 @@ SAFE = Case(op="kda", layout="bshd", seqlens=(33, 33), H=2, HK=2, HV=2, K=64, V=
 L2FWD = Case(op="gdn", layout="thd", seqlens=(20, 30), H=1, HK=1, HV=1, K=64, V=64, gate="typical", l2norm=True)
 FLAGS = Case(op="gdn", layout="thd", seqlens=(30, 20), H=1, HK=1, HV=1, K=64, V=64, gate="typical",
              beta_sigmoid=True, neg_eigval=True, scale=0.5, gate_domain="linear")
+NOH0 = Case(op="gdn", layout="thd", seqlens=(30, 20), H=1, HK=1, HV=1, K=64, V=64, gate="typical", backward=True)
 CLASS_CASES = {
+    "bwd_garbage_without_h0": [NOH0],
     "neg_eigval_dropped": [FLAGS],
     "custom_scale_dropped": [FLAGS],
     "linear_gate_read_as_log": [FLAGS],
@@ -54,7 +56,7 @@ CLASS_CASES = {
     "safe_gate_not_forwarded": [SAFE],
     "da_log_zero": [SAFE],
 }
-ALL_CASES = CASES + [K96, FP16, DEEP, SAFE, L2FWD, FLAGS]
+ALL_CASES = CASES + [K96, FP16, DEEP, SAFE, L2FWD, FLAGS, NOH0]
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +91,7 @@ def test_clean_reference_backends_pass_everything(runner, name):
 
 
 def test_catalogue_is_complete():
-    assert len({m.name for m in MUTANTS}) == len(MUTANTS) >= 39
+    assert len({m.name for m in MUTANTS}) == len(MUTANTS) >= 40
     assert set(CLASS_CASES) <= {m.name for m in MUTANTS}
 
 
