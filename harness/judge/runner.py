@@ -3,10 +3,12 @@
 Checks: ``forward`` (output), ``state`` (final state), ``continuation_ref`` and ``continuation_self``
 (the case split at its points with the state carried, against the reference and against the backend's
 own single call), ``grad_<input>`` (weighted loss on output and final state, against fp64 autograd
-through the reference), ``determinism`` (two runs, bitwise). Inputs handed to a backend sit inside
-larger buffers whose margins hold NaN, so an out-of-bounds read poisons the output and fails
-``forward`` with a NaN count; an adapter that converts a layout or dtype makes its copy with the same
-margin (harness/judge/margins.py ``with_margin``), so the margin survives in the layout the kernel reads. Any NaN in an output fails its check; an adapter that allocates an
+through the reference), ``determinism`` (two runs, bitwise, and no call wrote to its input buffers).
+Inputs handed to a backend sit inside larger buffers whose margins hold NaN, so an out-of-bounds read poisons the
+output and fails ``forward`` with a NaN count, and an out-of-bounds write into a margin (or any write to an input)
+fails ``determinism``; an adapter that converts a layout or dtype makes its copy with the same margin
+(harness/judge/margins.py ``with_margin``), so the margin survives in the layout the kernel reads. Any NaN in an
+output fails its check; an adapter that allocates an
 output itself should prefill it with NaN so an unwritten tail shows up the same way (today's cuDNN
 and FLA adapters do not allocate: the libraries do, with ``torch.empty``).
 """
@@ -49,7 +51,9 @@ from .segments import (  # noqa: F401 - guarded and segment_inputs are imported 
     offsets_of,
     run_in_segments,
     segment_inputs,
+    snapshot,
     to_packed,
+    written,
 )
 
 
@@ -91,6 +95,7 @@ class CaseRunner:
         self.keep = keep  # how many cases' expected values to hold (tasks arrive case-major: 1 suffices)
         self._expected: dict[str, Expected] = {}
         self._known = None
+        self._snapshot: dict = {}  # the task's input buffers as handed over (segments.snapshot)
         self._no_h0: dict[str, tuple] = {}  # the reference without its initial state, where a failure asked
         self.phases: dict[str, float] = {}
 
@@ -289,6 +294,7 @@ class CaseRunner:
         inputs = {n: guarded(x, opts.margin) for n, x in make_inputs(case, opts.device).items()}
         for n in names:  # guarded() made fresh leaves, so the NaN margins stay around the grad inputs
             inputs[n].requires_grad_()
+        self._snapshot = snapshot(inputs)  # the determinism check asks whether any call wrote to these buffers
 
         t0 = time.perf_counter()
         with torch.set_grad_enabled(bool(names)), self._phase("first_call"):
@@ -358,9 +364,15 @@ class CaseRunner:
         # The second call runs in the same grad mode as the first (some engines plan training and inference
         # differently), on the very same input tensors.
         grad_mode = any(isinstance(x, torch.Tensor) and x.requires_grad for x in inputs.values())
+        # "the same inputs" holds only if no call (the first, its backward, the continuation's) wrote to them
+        changed = written(self._snapshot)
         with torch.set_grad_enabled(grad_mode), self._phase("steady_call"):  # a warm call: the kernel's own time
             out2, state2 = backend.run(case, inputs)
-        if bitwise_equal(out2, out) and bitwise_equal(state2, state):
+        if changed:
+            results.add(base(check="determinism", status="fail", metrics={"inputs_written": changed}, reason=(
+                "the backend wrote to its inputs (in place, or past their ends into the NaN margin): "
+                + ", ".join(changed))))
+        elif bitwise_equal(out2, out) and bitwise_equal(state2, state):
             results.add(base(check="determinism", status="pass"))
         else:
             diff = compare.rel_rms(to_packed(out2, case), to_packed(out, case))

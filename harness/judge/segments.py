@@ -29,6 +29,23 @@ def guarded(x: torch.Tensor | None, margin: int) -> torch.Tensor | None:
     return view
 
 
+def snapshot(inputs: dict) -> dict:
+    """A bitwise copy of every input tensor's whole buffer, NaN margins included (``written``'s other half)."""
+    bufs = {n: (x._base if x._base is not None else x) for n, x in inputs.items() if isinstance(x, torch.Tensor)}
+    return {n: (b, b.detach().clone()) for n, b in bufs.items()}
+
+
+def written(snap: dict) -> list[str]:
+    """The inputs whose buffers changed since ``snapshot``: written in place, or past their ends into the margin."""
+    changed = []
+    for name, (buf, copy) in snap.items():
+        if not bitwise_equal(buf, copy):
+            ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[buf.element_size()]
+            n = int((buf.detach().contiguous().view(ints) != copy.contiguous().view(ints)).sum())
+            changed.append(f"{name} ({n} elements)")
+    return changed
+
+
 def prefix_sums(lengths) -> list[int]:
     """``[0, l0, l0+l1, ...]``: sequence offsets, the shape of cu_seqlens."""
     return list(accumulate(lengths, initial=0))
