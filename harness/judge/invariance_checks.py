@@ -10,6 +10,7 @@ import torch
 from deltacheck.cases.inputs import make_inputs
 
 from ..backends.serving import ServingCall
+from .segments import bitwise_equal
 from .serving_checks import CheckResult, _guarded, _result, serving_decline
 
 TOKENWISE = ("q", "k", "v", "g", "beta", "w")
@@ -31,11 +32,12 @@ def _max_abs(a, b) -> float:
 
 
 def _bitwise(a, b) -> bool:
-    a, b = a.detach().cpu(), b.detach().cpu()
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return bool(torch.equal(a.contiguous().view(view), b.contiguous().view(view)))
+    return bitwise_equal(a.detach().cpu(), b.detach().cpu())
+
+
+def _finite(*tensors) -> bool:
+    """Every element of every tensor finite: a NaN spread bounds any difference, and equal NaN bits look equal."""
+    return all(bool(torch.isfinite(x.detach()).all()) for x in tensors)
 
 
 # --- batch invariance ----------------------------------------------------------------------------------------------
@@ -92,7 +94,7 @@ def batch_invariance(backend, case, env, device="cpu") -> CheckResult:
         state_spread = max(_max_abs(s, ref_state) for _, s in seen.values())
         identical = all(_bitwise(o, ref_out) and _bitwise(s, ref_state) for o, s in seen.values())
         # NaN bits equal NaN bits: an all-NaN sequence is "bitwise invariant", never a pass.
-        finite = all(bool(torch.isfinite(x.detach()).all()) for pair in seen.values() for x in pair)
+        finite = _finite(*(x for pair in seen.values() for x in pair))
         numbers = {"promised": promised, "bitwise": identical, "out_spread": out_spread, "state_spread": state_spread,
                    "finite": finite}
         if not promised:
@@ -174,7 +176,7 @@ def graph_replay(backend, case, env, device="cpu") -> CheckResult:
         spread_out, spread_state = _max_abs(eager[0][0], eager[1][0]), _max_abs(eager[0][1], eager[1][1])
         diff_out, diff_state = _max_abs(got_out, eager[0][0]), _max_abs(got_state, eager[0][1])
         # A non-finite result makes the spread inf or NaN, which would bound any replay: never a pass.
-        finite = all(bool(torch.isfinite(x.detach()).all()) for x in (got_out, got_state, *eager[0], *eager[1]))
+        finite = _finite(got_out, got_state, *eager[0], *eager[1])
         numbers = {"out_diff": diff_out, "state_diff": diff_state, "out_spread": spread_out,
                    "state_spread": spread_state, "finite": finite,
                    "bitwise": _bitwise(got_out, eager[0][0]) and _bitwise(got_state, eager[0][1])}
@@ -250,7 +252,7 @@ def causality(backend, case, env, device="cpu") -> CheckResult:
         before = ~_along(out0, mask, _token_axis(case))
         a = torch.masked_select(out0.detach(), before).to(torch.float64)
         b = torch.masked_select(out1.detach(), before).to(torch.float64)
-        finite = bool(torch.isfinite(out1.detach()).all()) and bool(torch.isfinite(out0.detach()).all())
+        finite = _finite(out1, out0)
         diff = (a - b).abs()
         ulps = float((diff / ulp(torch.maximum(a.abs(), b.abs()), out0.dtype)).max()) if diff.numel() else 0.0
         numbers = {"rule": rule, "cuts": cuts, "max_abs_before": float(diff.max()) if diff.numel() else 0.0,

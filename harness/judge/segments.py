@@ -40,9 +40,7 @@ def written(snap: dict) -> list[str]:
     changed = []
     for name, (buf, copy) in snap.items():
         if not bitwise_equal(buf, copy):
-            ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[buf.element_size()]
-            n = int((buf.detach().contiguous().view(ints) != copy.contiguous().view(ints)).sum())
-            changed.append(f"{name} ({n} elements)")
+            changed.append(f"{name} ({int((_bits(buf) != _bits(copy)).sum())} elements)")
     return changed
 
 
@@ -95,11 +93,15 @@ def segment_case(case: Case, lens: list[int]) -> Case:
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Same bits, NaN payloads included (torch.equal says NaN != NaN, which is not what run-to-run means)."""
-    a, b = a.detach(), b.detach()
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))
+    return torch.equal(_bits(a), _bits(b))
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s bits as integers of its element size (NaN payloads compare as the bits they are)."""
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+    return x.detach().contiguous().view(ints)
 
 
 def out_empty(inputs: dict, case: Case) -> torch.Tensor:
