@@ -18,7 +18,7 @@ An envelope is:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from .axes import MAIN_AXES, axis_values, compatible
@@ -82,10 +82,20 @@ class Envelope:
         """Whether a (partial) row of axis values can be a case this envelope serves fully (what the tier
         generator asks), looking ahead at the values each open axis may still take within ``base`` (a tier's
         axes): the op-level rules of ``axes.compatible`` included."""
-        row = {"op": self.op, **row}  # the op is fixed: a pair that no row of this op can hold is no target
+        narrow, empty_axis = self._narrow(base)
+        return not empty_axis and self._compatible_within(row, narrow)
+
+    def rule(self, base: Mapping[str, tuple[str, ...]] = MAIN_AXES) -> Callable[[Mapping[str, str]], bool]:
+        """``compatible(row, base)`` as a function of the row alone, ``base`` narrowed once: the covering-array
+        builder asks ~10^5 times per tier, and building the narrowing's key on every call was a fifth of a tier's
+        generation time."""
         narrow, empty_axis = self._narrow(base)
         if empty_axis:
-            return False  # this tier offers a value this engine serves on no axis
+            return lambda row: False
+        return lambda row: self._compatible_within(row, narrow)
+
+    def _compatible_within(self, row: Mapping[str, str], narrow: Mapping[str, tuple[str, ...]]) -> bool:
+        row = {"op": self.op, **row}  # the op is fixed: a pair that no row of this op can hold is no target
         if not self._serves(row, backward=row.get("bwd") == "on"):
             return False
         if row.get("bwd") == "on" and any(axis not in row and not set(values) & set(narrow.get(axis, ()))
@@ -157,6 +167,10 @@ class EnvelopeUnion:
 
     def compatible(self, row: Mapping[str, str], base: Mapping[str, tuple[str, ...]] = MAIN_AXES) -> bool:
         return any(m.compatible(row, base) for m in self.members)
+
+    def rule(self, base: Mapping[str, tuple[str, ...]] = MAIN_AXES) -> Callable[[Mapping[str, str]], bool]:
+        rules = [m.rule(base) for m in self.members]
+        return lambda row: any(ok(row) for ok in rules)
 
     def contains(self, case) -> bool:
         return any(m.contains(case) for m in self.members)

@@ -267,7 +267,7 @@ def envelope_cases(envelopes: Sequence[Envelope], tier: str, existing: list[Case
         for case in existing:
             if envelope.contains(case):
                 covered |= row_interactions(axis_values(case), axes)
-        groups.append((axes, functools.partial(envelope.compatible, base=base), covered))
+        groups.append((axes, envelope.rule(base), covered))
     rng = random.Random(f"deltacheck-{tier}-{seed}")
     made = [row_to_case(row, tier, rng) for row in joint_covering_rows(groups, rng)]
     for case in made:  # a concrete draw (heads, lengths) must stay inside what its row was chosen for

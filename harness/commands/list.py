@@ -73,7 +73,7 @@ def run_list(args: argparse.Namespace, out=None) -> int:
             envelope = backend_envelope(args.backend, op, sm=args.sm, backend=backend)
             inside = [c for c in cases if c.op == op and envelope.contains(c)]
             base = tier_axes(args.tier, op)
-            rule = functools.partial(envelope.compatible, base=base)
+            rule = envelope.rule(base)
             blocks.append((envelope.name, inside, rule, envelope.axes(base),
                            [m.name for m in envelope.members]))
     elif len(ops) == 1 and ops[0] is not None:  # one op: coverage over the axes its cases are generated on
