@@ -129,8 +129,8 @@ def joint_covering_rows(groups: list[tuple[dict[str, tuple[str, ...]], Callable[
                     still = [g for g in alive if groups[g][1](trial)]
                     if seed_group not in still:
                         continue
-                    score = sum((g, key((other, other_value), (name, value))) in uncovered
-                                for g in still for other, other_value in row.items())
+                    pairs = [key((other, other_value), (name, value)) for other, other_value in row.items()]
+                    score = sum((g, pair) in uncovered for g in still for pair in pairs)
                     scored.append((score, len(still), value, still))
                 if not scored:
                     break
