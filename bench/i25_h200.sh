@@ -3,17 +3,17 @@
 #   call P (cold):  bash .carry/h25/bench/i25_h200.sh          ends by 560 s
 #   call Q (warm):  bash .carry/h25/bench/i25_h200.sh resume   ends by 430 s; --resume of every cut run
 # Both carry .carry/h25 .whl-w25/pack .whl-w25/jax .vllm (a run resumes only in the environment it started in).
-# Shares the 16-core machine with another script: 10 workers here (A -j 5, V -j 2, B -j 3), --threads 1 each.
+# Shares the 16-core machine with another script: 10 workers here (A -j 5, V -j 1, B -j 4: jax compiles per shape, the long pole), --threads 1 each.
 #   A (qla env: FLA 0.6 + FlashQLA 0.1.3 + TileLang 0.1.15 + tvm-ffi 0.1.12):
 #     deltacheck run --tier L0 --op gdn --op kda --backend fla-dispatch --backend flashqla -j 5 --threads 1
 #     one queue for both backends: the pool keeps each worker on one compile family (backend, op, dtype, K, V),
 #     and a worker whose family is done takes another, so no worker idles while the run has tasks.
-#   V (vLLM 0.33's subtree only): deltacheck run --tier L0 --op gdn --op kda --backend vllm-fla --backend flashkda -j 2
+#   V (vLLM 0.33's subtree only): deltacheck run --tier L0 --op gdn --op kda --backend vllm-fla --backend flashkda -j 1
 #     with VLLM_TRITON_FORCE_FIRST_CONFIG=1: vLLM's Triton kernels run their first valid config, not the
 #     autotuned one (vLLM's switch to skip autotuning); the vllm-fla results judge that config. It is set for V
 #     alone: importing vLLM's triton_utils with it set replaces triton's Autotuner.run in the whole process, so
 #     an FLA kernel run later in the same worker would skip its autotune too.
-#   B (jax env: jax-linear-attention 0.1.0 over the image's JAX 0.11.2): deltacheck run --tier L0 --backend jax -j 3
+#   B (jax env: jax-linear-attention 0.1.0 over the image's JAX 0.11.2): deltacheck run --tier L0 --backend jax -j 4
 # JIT caches all under DELTACHECK_CACHE_DIR=/tmp/h25-cache: Triton (triton/), TileLang (tilelang/), JAX (jax/),
 # tvm-ffi's torch DLPack addon (tvm-ffi/); every worker of the three runs shares them.
 # $OUT/h25-runs.tgz (run directories, logs, `deltacheck env`, cache sizes) is re-packed every 20 s.
@@ -63,8 +63,8 @@ if [ "$MODE" != resume ]; then
 fi
 run A "$QLA" "" --tier L0 --op gdn --op kda --backend fla-dispatch --backend flashqla -j 5 --threads 1 --task-timeout 420
 run V "$VLLM" VLLM_TRITON_FORCE_FIRST_CONFIG=1 --tier L0 --op gdn --op kda --backend vllm-fla --backend flashkda \
-  -j 2 --threads 1 --task-timeout 420
-run B "$JAX" "" --tier L0 --backend jax -j 3 --threads 1 --task-timeout 420
+  -j 1 --threads 1 --task-timeout 420
+run B "$JAX" "" --tier L0 --backend jax -j 4 --threads 1 --task-timeout 420
 
 ( while sleep 20; do snap; echo "t=$(el)s load $(cut -d' ' -f1-3 /proc/loadavg) $(for n in A V B; do
     printf '%s:%s ' $n "$(cat $RUNS/$n/*/results.jsonl 2>/dev/null | grep -c '"kind": "task"')"; done)" >> $L/progress.txt
