@@ -116,7 +116,8 @@ def test_vllm_fla_declines_what_it_cannot_express(case, why, recurrent):
 
 
 @pytest.mark.parametrize("recurrent", [False, True], ids=["chunk", "recurrent"])
-@pytest.mark.parametrize(("value", "noted"), [("1", True), (" TRUE ", True), ("0", False), ("yes", False), (None, False)])
+@pytest.mark.parametrize(("value", "noted"),
+                         [("1", True), (" TRUE ", True), ("0", False), ("yes", False), (None, False)])
 def test_vllm_fla_results_say_when_the_first_config_ran(monkeypatch, recurrent, value, noted):
     """VLLM_TRITON_FORCE_FIRST_CONFIG as vLLM parses it (envs.py: "1"/"true", stripped, any case): every result's
     notes say the first valid config ran instead of the autotuned one; nothing is said when it is off."""
