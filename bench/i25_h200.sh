@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 25 on the H200: the L0 of every new backend, complete if the two calls allow.
 #   call P (cold):  bash .carry/h25/bench/i25_h200.sh          ends by 560 s
-#   call Q (warm):  bash .carry/h25/bench/i25_h200.sh resume   ends by 430 s; --resume of every cut run
+#   call Q (warm):  bash .carry/h25/bench/i25_h200.sh resume   ends by ~420 s; --resume of every cut run
 # Both carry .carry/h25 .whl-w25/pack .whl-w25/jax .vllm (a run resumes only in the environment it started in).
 # Shares the 16-core machine with another script: 10 workers here (A -j 5, V -j 1, B -j 4: jax compiles per shape, the long pole), --threads 1 each.
 #   A (qla env: FLA 0.6 + FlashQLA 0.1.3 + TileLang 0.1.15 + tvm-ffi 0.1.12):
@@ -20,7 +20,7 @@
 set -u
 MODE=${1:-cold}
 R=$PWD; T0=$(date +%s)
-if [ "$MODE" = resume ]; then CAP=${CAP:-425}; else CAP=${CAP:-555}; fi
+if [ "$MODE" = resume ]; then CAP=${CAP:-415}; else CAP=${CAP:-555}; fi
 export PYTHONUNBUFFERED=1 DELTACHECK_CACHE_DIR=/tmp/h25-cache TVM_FFI_CACHE_DIR=/tmp/h25-cache/tvm-ffi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 RUNS=/tmp/h25-runs; L=/tmp/h25-logs/$MODE
@@ -29,7 +29,8 @@ ln -sfn "$R/.carry/h25" /tmp/dc-h25/deltacheck
 QLA=/tmp/dc-h25:/tmp/h25-qla; VLLM=/tmp/dc-h25:$R/.vllm; JAX=/tmp/dc-h25:/tmp/h25-jax
 el() { echo $(( $(date +%s) - T0 )); }
 
-snap() { tar -czf /tmp/h25-snap.tgz -C /tmp h25-runs h25-logs 2>/dev/null && mv -f /tmp/h25-snap.tgz "$OUT/h25-runs.tgz"; }
+# snap [TAG]: the run directories and logs into $OUT/h25-runs.tgz (packed aside first, so the file is never torn)
+snap() { local t=/tmp/h25-snap${1:-}.tgz; tar -czf $t -C /tmp h25-runs h25-logs 2>/dev/null && mv -f $t "$OUT/h25-runs.tgz"; }
 
 # Install (the same lines as .whl-w25/pack/run1.sh; skipped when a warm machine still has them).
 if [ ! -d /tmp/h25-qla/flash_qla ]; then
@@ -73,6 +74,6 @@ SNAP=$!
 [ ${#PIDS[@]} -gt 0 ] && wait "${PIDS[@]}"
 kill $SNAP 2>/dev/null
 du -sh $DELTACHECK_CACHE_DIR/* > $L/cache-sizes.txt 2>&1
-snap
+snap -end
 for n in A V B; do echo "== $n"; grep -v "T.vectorized" $L/$n.log 2>/dev/null | tail -3; done
 cat $L/cache-sizes.txt; ls -la "$OUT"; echo "$MODE total $(el)s"
