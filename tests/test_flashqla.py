@@ -182,9 +182,9 @@ def test_not_installed_is_a_decline_with_the_install_hint():
 
 @pytest.mark.parametrize("backend", ["flashqla", "fla-dispatch"])
 def test_tilelangs_caches_go_under_deltachecks_cache_dir(monkeypatch, tmp_path, backend):
-    """TileLang's kernel cache and tvm-ffi's JIT-built torch DLPack addon (torch-c-dlpack-ext 0.1.5 ships no
-    build for torch 2.11) live in deltacheck's cache directory, set before either library is imported; a place
-    the user chose is kept."""
+    """TileLang's kernel cache and tvm-ffi's JIT-built torch DLPack addon (built where torch lacks the exchange
+    API and torch-c-dlpack-ext ships no binary) live in deltacheck's cache directory, set before either library is
+    imported; a place the user chose is kept."""
     import os
 
     from deltacheck.harness.backends.fla.dispatch import FlaDispatchBackend

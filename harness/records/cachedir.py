@@ -17,8 +17,9 @@ def cache_root() -> Path:
 
 # TileLang (FlashQLA, FLA's TileLang backends) JIT-compiles with nvcc: its kernel cache (tilelang/env.py:368,
 # read when TileLang is imported) and tvm-ffi's torch DLPack addon, which tvm-ffi builds with the host compiler
-# when torch-c-dlpack-ext ships no binary for this torch (tvm_ffi/_optional_torch_c_dlpack.py:132; 0.1.5 ships
-# torch 2.4-2.9 only). Both go under deltacheck's cache directory unless the user chose a place.
+# when torch lacks the DLPack exchange API and torch-c-dlpack-ext ships no binary for it
+# (tvm_ffi/_optional_torch_c_dlpack.py:132; 0.1.5 ships torch 2.4-2.9; torch 2.11 on the H200 needed none).
+# Both go under deltacheck's cache directory unless the user chose a place.
 TILELANG_CACHES = {"TILELANG_CACHE_DIR": "tilelang", "TVM_FFI_CACHE_DIR": "tvm-ffi"}
 
 
