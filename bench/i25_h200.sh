@@ -2,6 +2,7 @@
 # Issue 25 on the H200: the L0 of every new backend, complete if the two calls allow.
 #   call P (cold):  bash .carry/h25/bench/i25_h200.sh          ends by 560 s
 #   call Q (warm):  bash .carry/h25/bench/i25_h200.sh resume   ends by ~420 s; --resume of every cut run
+#   on a fresh machine: PREV=<path of an earlier h25-runs.tgz in the checkout> bash .carry/h25/bench/i25_h200.sh resume
 # Both carry .carry/h25 .whl-w25/pack .whl-w25/jax .vllm (a run resumes only in the environment it started in).
 # Shares the 16-core machine with another script: 10 workers here (A -j 5, V -j 1, B -j 4: jax compiles per shape, the long pole), --threads 1 each.
 #   A (qla env: FLA 0.6 + FlashQLA 0.1.3 + TileLang 0.1.15 + tvm-ffi 0.1.12):
@@ -24,7 +25,7 @@ if [ "$MODE" = resume ]; then CAP=${CAP:-415}; else CAP=${CAP:-555}; fi
 export PYTHONUNBUFFERED=1 DELTACHECK_CACHE_DIR=/tmp/h25-cache TVM_FFI_CACHE_DIR=/tmp/h25-cache/tvm-ffi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 RUNS=/tmp/h25-runs; L=/tmp/h25-logs/$MODE
-mkdir -p /tmp/h25-qla /tmp/h25-jax $RUNS $L /tmp/dc-h25 $DELTACHECK_CACHE_DIR
+mkdir -p /tmp/h25-qla /tmp/h25-jax $L /tmp/dc-h25 $DELTACHECK_CACHE_DIR
 ln -sfn "$R/.carry/h25" /tmp/dc-h25/deltacheck
 QLA=/tmp/dc-h25:/tmp/h25-qla; VLLM=/tmp/dc-h25:$R/.vllm; JAX=/tmp/dc-h25:/tmp/h25-jax
 el() { echo $(( $(date +%s) - T0 )); }
@@ -32,6 +33,11 @@ el() { echo $(( $(date +%s) - T0 )); }
 # snap [TAG]: the run directories and logs into $OUT/h25-runs.tgz (packed aside first, so the file is never torn)
 snap() { local t=/tmp/h25-snap${1:-}.tgz; tar -czf $t -C /tmp h25-runs h25-logs 2>/dev/null && mv -f $t "$OUT/h25-runs.tgz"; }
 
+# A fresh machine has lost /tmp: PREV=<an earlier call's h25-runs.tgz, carried> brings its run directories back, so
+# `resume` continues them there (cold caches; the same environment, so --resume accepts them).
+if [ "$MODE" = resume ] && [ ! -d $RUNS/A ] && [ -n "${PREV:-}" ] && [ -f "$PREV" ]; then
+  tar -xzf "$PREV" -C /tmp h25-runs && echo "resume: run directories from $PREV"
+fi
 # Install (the same lines as .whl-w25/pack/run1.sh; skipped when a warm machine still has them).
 if [ ! -d /tmp/h25-qla/flash_qla ]; then
   [ "$MODE" = resume ] && echo "resume: /tmp/h25-qla is gone (a fresh machine): installing again, runs start cold"
@@ -44,6 +50,7 @@ fi
 echo "$MODE setup $(el)s"; nvidia-smi --query-gpu=name,memory.used --format=csv,noheader; nvcc --version | tail -1
 echo "cores $(nproc); load $(cat /proc/loadavg)"
 
+mkdir -p $RUNS
 PIDS=()
 # run NAME PYTHONPATH ARGS...: a new run, or --resume of NAME's run directory when one is there (same argv).
 run() { local name=$1 pp=$2 extra=$3; shift 3
