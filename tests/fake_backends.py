@@ -114,6 +114,20 @@ class Hanging(Working):
         return super().run(case, inputs)
 
 
+class InterruptToRuntimeError(Hanging):
+    """Hangs on kda like ``Hanging``, but turns the KeyboardInterrupt that Ctrl-C or ``timeout -s INT`` raises inside
+    it into a RuntimeError with no message, as tvm-ffi's callback boundary did to TileLang's nvcc compile on the H200
+    (issue 25): the interrupt must not become a judged error."""
+
+    name = "interrupt-to-runtime-error"
+
+    def run(self, case, inputs):
+        try:
+            return super().run(case, inputs)
+        except KeyboardInterrupt:
+            raise RuntimeError() from None
+
+
 class DecliningInside:
     """Declares an envelope (K = V = 64) but declines every case at run time: each decline is a disagreement."""
 

@@ -180,13 +180,42 @@ def test_not_installed_is_a_decline_with_the_install_hint():
     assert not verdict.runnable and "pip install 'flash-qla" in verdict.reason
 
 
-def test_tilelangs_cache_goes_under_deltachecks_cache_dir(monkeypatch, tmp_path):
-    monkeypatch.setenv("DELTACHECK_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv(adapter.TILELANG_CACHE_ENV, raising=False)
-    adapter.FlashQlaBackend(importer=lambda name: flash_qla.make()).load("gdn")
+@pytest.mark.parametrize("backend", ["flashqla", "fla-dispatch"])
+def test_tilelangs_caches_go_under_deltachecks_cache_dir(monkeypatch, tmp_path, backend):
+    """TileLang's kernel cache and tvm-ffi's JIT-built torch DLPack addon (built where torch lacks the exchange
+    API and torch-c-dlpack-ext ships no binary) live in deltacheck's cache directory, set before either library is
+    imported; a place the user chose is kept."""
     import os
 
-    assert os.environ[adapter.TILELANG_CACHE_ENV] == str(tmp_path / "tilelang")
+    from deltacheck.harness.backends.fla.dispatch import FlaDispatchBackend
+    from deltacheck.harness.records.cachedir import TILELANG_CACHES
+
+    monkeypatch.setenv("DELTACHECK_CACHE_DIR", str(tmp_path))
+    for name in (*TILELANG_CACHES, "TRITON_CACHE_DIR", "TRITON_CACHE_AUTOTUNING", "FLA_DISABLE_BACKEND_DISPATCH"):
+        monkeypatch.setenv(name, "")  # recorded, so whatever the import sets is undone after the test
+        monkeypatch.delenv(name)
+    assert TILELANG_CACHES == {"TILELANG_CACHE_DIR": "tilelang", "TVM_FFI_CACHE_DIR": "tvm-ffi"}
+
+    def first_import_sees(user: dict) -> dict:
+        for name in TILELANG_CACHES:
+            os.environ.pop(name, None)
+        os.environ.update(user)
+        seen = []
+
+        def importer(name):
+            seen.append({k: os.environ.get(k) for k in TILELANG_CACHES})
+            return flash_qla.make()
+
+        if backend == "flashqla":
+            adapter.FlashQlaBackend(importer=importer).load("gdn")
+        else:
+            FlaDispatchBackend(importer=importer)._import_fla()
+        return seen[0]  # the environment when the first library was imported
+
+    assert first_import_sees({}) == {"TILELANG_CACHE_DIR": str(tmp_path / "tilelang"),
+                                     "TVM_FFI_CACHE_DIR": str(tmp_path / "tvm-ffi")}
+    assert first_import_sees({"TVM_FFI_CACHE_DIR": "/mine"}) == {"TILELANG_CACHE_DIR": str(tmp_path / "tilelang"),
+                                                                 "TVM_FFI_CACHE_DIR": "/mine"}
 
 
 def test_registered_and_importing_it_imports_no_library():

@@ -108,3 +108,22 @@ def test_the_lane_runs_each_family_in_its_own_venv_then_folds():
     assert commands[-1][2:5] == ["deltacheck", "merge", "--fold"] and len(commands[-1]) == 5 + 3 + 3
     flat = [b for group in backends for b in group]
     assert len(flat) == len(set(flat))  # disjoint: what a fold requires
+
+
+def test_the_vllm_family_installs_vllm_without_its_torch_pin():
+    """vLLM 0.33 pins torch == 2.14.0: its family installs it --no-deps (einops beside it), so the venv keeps the
+    machine's torch; its backends run in their own process, apart from FLA's."""
+    from deltacheck.harness.backends.base import registered
+    from deltacheck.harness.ci.families import FAMILIES, family, lane_commands
+
+    fam = family("vllm")
+    assert set(fam.backends) == {"vllm-fla", "vllm-fla-recurrent", "flashkda"} and fam.no_deps
+    commands = lane_commands(["vllm"], set(fam.backends) | {"fla"})
+    install = [c for c in commands if c[2:4] == ["pip", "install"] and "-e" not in c]
+    assert install == [[".nox/lane-vllm/bin/python", "-m", "pip", "install", "--no-deps", "vllm==0.33.0", "einops"]]
+    run = [c for c in commands if c[2:4] == ["deltacheck", "run"]]
+    assert [c[i + 1] for c in run for i, x in enumerate(c) if x == "--backend"] == list(fam.backends)
+    # no other family installs --no-deps; every family's backends are names this checkout registers, once each
+    assert [f.name for f in FAMILIES if f.no_deps] == ["vllm"]
+    names = [b for f in FAMILIES for b in f.backends]
+    assert len(names) == len(set(names)) and set(names) <= set(registered())

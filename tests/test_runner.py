@@ -361,13 +361,13 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads worker pids from /proc (Linux)")
-@pytest.mark.parametrize("target", ["controller", "process group"])  # `kill PID` / `timeout` and Ctrl-C
-def test_sigterm_ends_a_parallel_run_keeping_every_judged_check_and_no_worker(tmp_path, target):
+def _stop_a_parallel_run(tmp_path, backend: str, signum: int, target: str):
+    """Start ``run -j 3`` of CASE_IDS on ``backend`` (its kda task hangs), wait until the two other tasks are judged,
+    send ``signum`` to the controller or its whole process group; (return code, stderr, worker pids, records)."""
     import signal
     import time
 
-    argv = [sys.executable, "-m", "deltacheck", "run", "-j", "3", "--backend", "fake_backends:Hanging",
+    argv = [sys.executable, "-m", "deltacheck", "run", "-j", "3", "--backend", backend,
             "--reference", "oracle", "--out", str(tmp_path)]
     for case_id in CASE_IDS:
         argv += ["--case", case_id]
@@ -384,23 +384,31 @@ def test_sigterm_ends_a_parallel_run_keeping_every_judged_check_and_no_worker(tm
             pytest.fail(f"the non-hanging tasks did not finish within {HANG_GUARD_S} s")
         workers = _children(proc.pid)
         if target == "controller":
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signum)
         else:
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, signum)
         _, err = proc.communicate(timeout=HANG_GUARD_S)
     finally:
         proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, err
-    assert "SIGTERM" in err and "results.jsonl" in err
     (run_dir,) = tmp_path.iterdir()
-    assert not list(run_dir.glob("results.w*.jsonl")), "worker files must be folded on SIGTERM"
-    recs = records(run_dir)
+    assert not list(run_dir.glob("results.w*.jsonl")), f"worker files must be folded on {signal.Signals(signum).name}"
+    assert workers and all(not Path(f"/proc/{pid}").exists() for pid in workers), "a worker outlived the run"
+    return proc.returncode, err, records(run_dir)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads worker pids from /proc (Linux)")
+@pytest.mark.parametrize("target", ["controller", "process group"])  # `kill PID` / `timeout` and Ctrl-C
+def test_sigterm_ends_a_parallel_run_keeping_every_judged_check_and_no_worker(tmp_path, target):
+    import signal
+
+    code, err, recs = _stop_a_parallel_run(tmp_path, "fake_backends:Hanging", signal.SIGTERM, target)
+    assert code == 128 + signal.SIGTERM, err
+    assert "SIGTERM" in err and "results.jsonl" in err
     assert recs[-1]["kind"] != "end"  # an interrupted run says it did not finish
     judged = {(r["op"], r["check"]) for r in recs if r["kind"] == "result" and r["status"] == "pass"}
     assert {("gdn", "determinism"), ("gdn2", "determinism"), ("gdn", "forward")} <= judged
     # the interrupted kda task was not a kernel crash and must not be reported as one
     assert not [r for r in recs if r["kind"] == "result" and r["status"] != "pass"]
-    assert workers and all(not Path(f"/proc/{pid}").exists() for pid in workers), "a worker outlived the run"
 
 
 def test_a_report_reads_worker_files_a_killed_run_never_folded(tmp_path, monkeypatch):
@@ -569,6 +577,40 @@ def test_a_task_over_the_timeout_is_killed_recorded_and_the_run_goes_on(tmp_path
     assert "--task-timeout 20 s" in hung[0]["reason"]
     assert {r["op"] for r in results if r["status"] == "pass"} == {"gdn", "gdn2"}
     assert {r["status"] for r in results if r["op"] != "kda"} == {"pass"}
+
+
+def test_an_interrupt_a_library_turns_into_an_exception_is_not_recorded_as_the_kernels_error(tmp_path, monkeypatch):
+    """`timeout -s INT` reaches every worker; a library that swallows the KeyboardInterrupt (tvm-ffi made TileLang's
+    interrupted nvcc compile a bare RuntimeError on the H200, issue 25) must not turn it into judged errors: the
+    worker dies by SIGINT (the pool's interruption, never a crash) and writes nothing of the task in flight, so
+    `--resume` runs it again."""
+    import signal
+    import threading
+    import time
+
+    from deltacheck.cases import Case
+    from deltacheck.harness.run import pool
+
+    marker = tmp_path / "hanging"
+    env = dict(ENV, **{MARKER: str(marker)})
+    results = tmp_path / "results.jsonl"
+    client = pool.WorkerClient(results, RunOptions(reference="oracle"), env=env)
+    gdn, kda = Case.from_id(CASE_IDS[0]), Case.from_id(CASE_IDS[1])
+    spec = "fake_backends:InterruptToRuntimeError"
+    assert not client.run(gdn, spec).get("crashed")  # a task before the interrupt is judged and kept
+
+    def interrupt_once_hung():
+        deadline = time.monotonic() + HANG_GUARD_S
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(client._proc.pid, signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_hung, daemon=True).start()
+    with pytest.raises(pool.Terminated, match="SIGINT"):
+        client.run(kda, spec)
+    recs = [json.loads(line) for line in results.read_text().splitlines()]
+    assert {r["case"] for r in recs} == {gdn.id}, [r.get("reason") for r in recs if r["case"] == kda.id]
+    assert all(r["status"] == "pass" for r in recs if r["kind"] == "result")
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "soon"])

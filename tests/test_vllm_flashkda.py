@@ -115,6 +115,23 @@ def test_vllm_fla_declines_what_it_cannot_express(case, why, recurrent):
     assert not verdict.runnable and why in verdict.reason
 
 
+@pytest.mark.parametrize("recurrent", [False, True], ids=["chunk", "recurrent"])
+@pytest.mark.parametrize(("value", "noted"),
+                         [("1", True), (" TRUE ", True), ("0", False), ("yes", False), (None, False)])
+def test_vllm_fla_results_say_when_the_first_config_ran(monkeypatch, recurrent, value, noted):
+    """VLLM_TRITON_FORCE_FIRST_CONFIG as vLLM parses it (envs.py: "1"/"true", stripped, any case): every result's
+    notes say the first valid config ran instead of the autotuned one; nothing is said when it is off."""
+    if value is None:
+        monkeypatch.delenv(vllm_facts.FORCE_FIRST_CONFIG, raising=False)
+    else:
+        monkeypatch.setenv(vllm_facts.FORCE_FIRST_CONFIG, value)
+    verdict = vllm_backend(recurrent)._library_verdict(GDN_RUNS[0])
+    assert verdict.runnable
+    said = [n for n in verdict.notes if n.startswith("VLLM_TRITON_FORCE_FIRST_CONFIG=1: ")]
+    assert len(said) == (1 if noted else 0), verdict.notes
+    assert not noted or "not the autotuned one" in said[0]
+
+
 def _state_key_major(args, kwargs):
     """The bug: the state handed over key-major [N, HV, K, V] (upstream FLA's orientation), as a contiguous copy."""
     kwargs["initial_state"] = kwargs["initial_state"].transpose(-1, -2).contiguous()

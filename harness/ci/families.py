@@ -9,6 +9,11 @@ Why families (each pin read from the library's wheel METADATA, or as issue 25 me
   and nvidia-cudnn-frontend >= 1.31 (its METADATA) — compatible with FE's 0.1.15;
 - ``jax``: jax-linear-attention 0.1.0 pins jax == 0.11.2 (its METADATA), kept apart from the torch families so
   its JAX never moves theirs;
+- ``vllm``: vLLM 0.33 pins torch == 2.14.0 (its METADATA) while deltacheck uses only its FLA copy and
+  ``_flashkda_C`` (torch, triton and einops): installed ``--no-deps`` in a venv of its own, so the machine's torch
+  stays and nothing else sees vLLM's modules (``VLLM_TRITON_FORCE_FIRST_CONFIG``, if set, replaces triton's
+  ``Autotuner.run`` in the whole process when vLLM's ``triton_utils`` is imported: FLA's kernels beside it
+  would skip their autotune too);
 - ``fla``: FLA's own Triton path, beside any family.
 
 Each family runs ``deltacheck run`` in its own venv (``--system-site-packages``: the machine's CUDA torch stays),
@@ -28,6 +33,7 @@ class Family:
     backends: tuple[str, ...]
     requirements: tuple[str, ...]  # pip requirement specifiers installed into the family's venv
     why: str
+    no_deps: bool = False  # install the requirements with --no-deps (their pins would replace the machine's torch)
 
 
 FAMILIES = (
@@ -39,6 +45,8 @@ FAMILIES = (
            "flash-qla needs apache-tvm-ffi < 0.1.13"),
     Family("jax", ("jax",), ("jax-linear-attention==0.1.0", "jax[cuda13]==0.11.2"),
            "jax-linear-attention pins jax == 0.11.2"),
+    Family("vllm", ("vllm-fla", "vllm-fla-recurrent", "flashkda"), ("vllm==0.33.0", "einops"),
+           "vLLM 0.33 pins torch == 2.14.0: --no-deps keeps the machine's torch", no_deps=True),
     Family("fla", ("fla", "fla-recurrent"), ("fla-core==0.6.0",), "FLA's Triton path, any environment"),
 )
 
@@ -66,7 +74,8 @@ def lane_commands(names, registered, *, tier: str = "L0", out: str = "runs/lanes
         python = f"{venv}/bin/python"
         offline = ["--no-index", "--find-links", wheels] if wheels else []
         commands.append(["python", "-m", "venv", "--clear", "--system-site-packages", venv])
-        commands.append([python, "-m", "pip", "install", *offline, *fam.requirements])
+        no_deps = ["--no-deps"] if fam.no_deps else []
+        commands.append([python, "-m", "pip", "install", *offline, *no_deps, *fam.requirements])
         commands.append([python, "-m", "pip", "install", "--no-deps", "-e", "."])
         argv = [python, "-m", "deltacheck", "run", "--tier", tier, "--out", f"{out}/{fam.name}", *extra]
         for backend in backends:

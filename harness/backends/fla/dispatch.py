@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from deltacheck.harness.records.cachedir import cache_root
+from deltacheck.harness.records.cachedir import keep_tilelang_caches
 
 from ..base import Verdict
 from . import facts
@@ -25,7 +25,6 @@ from .adapter import DISPATCH_ENV, FlaBackend
 from .served import ServedLog
 
 INTRACARD_ENV = "FLA_INTRACARD_CP"  # fla/ops/common/backends/intracard.py:34 (default off)
-TILELANG_CACHE_ENV = "TILELANG_CACHE_DIR"  # tilelang/env.py: read when TileLang is imported
 CP_LANE_REASON = ("fla-dispatch-cp runs FLA under torch.inference_mode() (the only mode where FLA's intra-card CP "
                   "verifier accepts a call, fla/ops/common/backends/intracard.py:73): forward only; "
                   "use fla-dispatch for gradients")
@@ -49,7 +48,7 @@ class FlaDispatchBackend(FlaBackend):
     def _import_fla(self):
         # TileLang (FLA's TileLang pieces, FlashQLA) JIT-compiles with nvcc and caches the binaries: keep them with
         # deltacheck's other caches unless the user chose a place.
-        os.environ.setdefault(TILELANG_CACHE_ENV, str(cache_root() / "tilelang"))
+        keep_tilelang_caches()
         return super()._import_fla()
 
     def _dispatch_module(self):

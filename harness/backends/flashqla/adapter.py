@@ -21,17 +21,16 @@ Importing this module never imports FlashQLA.
 from __future__ import annotations
 
 import importlib.metadata
-import os
 
 import torch
 
-from deltacheck.harness.records.cachedir import cache_root
+from deltacheck.harness.records.cachedir import keep_tilelang_caches
 from deltacheck.plugin import FusedAdapter
 
 from ..layouts import from_btd, state_to_key_major_fp32, state_widened_to_fp32, to_btd
 from . import facts
 
-TILELANG_CACHE_ENV = "TILELANG_CACHE_DIR"  # tilelang/env.py:368, read when TileLang is imported
+TILELANG_CACHE_ENV = "TILELANG_CACHE_DIR"  # one of cachedir.TILELANG_CACHES
 
 
 class FlashQlaBackend(FusedAdapter):
@@ -48,7 +47,7 @@ class FlashQlaBackend(FusedAdapter):
     def _import(self, name: str):
         if self._module is not None:
             return self._module
-        os.environ.setdefault(TILELANG_CACHE_ENV, str(cache_root() / "tilelang"))
+        keep_tilelang_caches()
         return self._importer(name)
 
     def version(self) -> str | None:

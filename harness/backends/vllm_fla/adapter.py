@@ -96,10 +96,11 @@ class VllmFlaBackend(VllmFlaServing, FusedAdapter):
         return None
 
     def conversion_notes(self, case) -> list[str]:
+        notes = facts.first_config_notes(os.environ)
         if not self.recurrent:
-            return []
-        notes = ["state pool [N + 1, HV, V, K] fp32 (slot 0 null, sequence n in slot n + 1) with ssm_state_indices "
-                 "and inplace_final_state=True, as vLLM calls fused_recurrent"]
+            return notes
+        notes += ["state pool [N + 1, HV, V, K] fp32 (slot 0 null, sequence n in slot n + 1) with ssm_state_indices "
+                  "and inplace_final_state=True, as vLLM calls fused_recurrent"]
         if case.initial_state and case.state_dtype != "fp32":
             notes.append(f"initial_state widened {case.state_dtype} -> fp32 (exact) into the fp32 pool")
         return notes

@@ -36,6 +36,20 @@ CHUNK_MAX_K = 256
 # num_accepted_tokens [N]: the initial state is read from slot ssm_state_indices[n, accepted - 1]
 # (fused_recurrent.py:106-110). inplace_final_state=True writes token t's state to slot ssm_state_indices[n, t];
 # False returns every token's state, [T, HV, V, K] (fused_recurrent.py:199-202, 153-156).
+# vllm/envs.py: VLLM_TRITON_FORCE_FIRST_CONFIG in ("1", "true") (stripped, any case) makes importing
+# vllm.triton_utils replace triton's Autotuner.run, process-wide, by one that runs the first valid config
+# (vllm/triton_utils/force_first_config.py): the copy's kernels then skip their autotune. Results say so.
+FORCE_FIRST_CONFIG = "VLLM_TRITON_FORCE_FIRST_CONFIG"
+
+
+def first_config_notes(environ) -> list[str]:
+    """The note every vllm-fla result carries when vLLM's first-config switch is on (an empty list otherwise)."""
+    if environ.get(FORCE_FIRST_CONFIG, "0").strip().lower() not in ("1", "true"):
+        return []
+    return [f"{FORCE_FIRST_CONFIG}=1: vLLM's Triton kernels ran their first valid config, not the autotuned one "
+            "(vllm/triton_utils/force_first_config.py); triton's Autotuner.run is replaced in this whole process"]
+
+
 SERVING_KWARGS = ("ssm_state_indices", "num_accepted_tokens", "inplace_final_state")
 NULL_SLOT = 0
 
