@@ -426,10 +426,12 @@ def fla(a, results, x, device, scale, record, do64, ds64, ref):
         return fla_fn(q, k, v, g, b, w, scale=scale, initial_state=h0, output_final_state=True, cu_seqlens=None)
 
     results["fla"]["winners"] = apply_fla_winners()
+    print(f"  fla autotune winners applied: {results['fla']['winners']}", flush=True)
     with torch.no_grad():
         record("fla bf16 fwd", lambda: call(bf))
     step, prepare = fwdbwd_closure(bf, call, lambda o, s: (do64.to(o.dtype), ds64.to(s.dtype)))
     record("fla bf16 fwd+bwd", step, prepare=prepare)
+    results["fla"]["recorded"] = record_fla_winners()
     if ref is not None:
         try:
             with torch.no_grad():
@@ -455,6 +457,20 @@ def apply_fla_winners():
         return winners.apply(winners.merge_files(files)) if files else "no recorded winners for this GPU"
     except Exception as e:  # noqa: BLE001 - FLA just autotunes
         return f"not applied ({type(e).__name__}: {e})"
+
+
+def record_fla_winners():
+    """With ``DELTACHECK_RECORD_WINNERS`` (a directory), this process's FLA autotune winners written there
+    (harness/backends/fla/winners.py), so that the next run at this shape compiles one config per kernel."""
+    if not os.environ.get("DELTACHECK_RECORD_WINNERS"):
+        return None
+    try:
+        from deltacheck.harness.backends.fla import winners
+
+        winners.record_to_dir()
+        return os.environ["DELTACHECK_RECORD_WINNERS"]
+    except Exception as e:  # noqa: BLE001 - compile time only
+        return f"not recorded ({type(e).__name__}: {e})"
 
 
 def profile(core, inputs64, scale, device, do64, ds64):
