@@ -8,7 +8,8 @@ On CUDA (default when available) it times, at N=4 T=4096 H=16 K=V=128 unless tol
 forward, chunked fp32 forward, chunked fp64 forward+backward, the same for the previous implementation
 (bench/chunked_previous.py, the reference before issue 28; ``--no-previous`` skips it), and, when ``fla``
 imports, FLA's bf16 ``chunk_gdn2`` forward and forward+backward (with the harness's recorded autotune winners
-for this GPU applied first, so FLA compiles one config per kernel). It prints medians (CUDA events, after
+for this GPU applied first, so FLA compiles one config per kernel; with ``DELTACHECK_RECORD_WINNERS`` naming a
+directory, this run's winners are written there after FLA's rows, bench/fla_warm.py). It prints medians (CUDA events, after
 warm-ups), the peak memory above what was allocated before (forward+backward: including the inputs'
 gradients, which it frees first), and the ratios to FLA against issue 28's targets (fwd <= 5x, fwd+bwd <= 7x,
 peak <= 3 GiB). Each fp64 row also gets its achieved FLOP/s and bytes/s (the flops and bytes of the same

@@ -39,7 +39,7 @@ for i in $(seq 0 $((NS - 1))); do
 done
 timeout 90 python3 bench/chunked_sweep.py --variants main,copies,qkdot --exact-only --json "$R/exact.json" \
   > "$R/exact.log" 2>&1
-echo "[$(el) s] exactness rc=$?" | tee -a "$R/steps.log"
+RC=$?; echo "[$(el) s] exactness rc=$RC" | tee -a "$R/steps.log"
 wait "${PIDS[@]}"
 echo "[$(el) s] slices done: $(grep -l 'fwd+bwd done' "$R"/warm-slice*.log | wc -l)/$NS finished fwd+bwd" \
   | tee -a "$R/steps.log"
@@ -47,7 +47,7 @@ snap
 
 # 2. FLA's own autotune over all configs (binaries cached), winners written for the timed process and the next run
 timeout 90 python3 bench/fla_warm.py --tune --winners "$R/winners/bench-H16.json" > "$R/warm-tune.log" 2>&1
-echo "[$(el) s] tune rc=$?" | tee -a "$R/steps.log"
+RC=$?; echo "[$(el) s] tune rc=$RC" | tee -a "$R/steps.log"
 [ -s "$R/winners/bench-H16.json" ] && export DELTACHECK_FLA_WINNERS="$R/winners/bench-H16.json"
 snap
 
@@ -55,7 +55,7 @@ snap
 LEFT=$(( 315 - $(el) ))
 DELTACHECK_RECORD_WINNERS="$R/winners" timeout $(( LEFT > 60 ? LEFT : 60 )) python3 bench/chunked.py \
   --no-previous --no-graph --json "$R/bench.json" > "$R/bench.log" 2>&1
-echo "[$(el) s] bench rc=$?" | tee -a "$R/steps.log"
+RC=$?; echo "[$(el) s] bench rc=$RC" | tee -a "$R/steps.log"
 snap
 
 # 4. each step's effect, if time is left (fp64 only, one process): origin = the reference of the checkout this runs
@@ -67,7 +67,7 @@ if [ "$LEFT" -gt 25 ]; then
   md5sum ../../reference/chunked*.py reference/chunked*.py > "$R/origin-md5.txt" 2>&1
   timeout "$LEFT" python3 bench/chunked_sweep.py --variants origin,main,copies,no-views,no-direct,qkdot --reps 5 \
     --settle 2 --compile --budget-s $(( LEFT - 20 )) --json "$R/steps.json" > "$R/steps-sweep.log" 2>&1
-  echo "[$(el) s] steps sweep rc=$?" | tee -a "$R/steps.log"
+  RC=$?; echo "[$(el) s] steps sweep rc=$RC" | tee -a "$R/steps.log"
 fi
 kill "$SNAP" 2>/dev/null
 snap
