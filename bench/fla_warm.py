@@ -88,15 +88,16 @@ def main(argv=None) -> int:
             print(f"fla_warm {what}: {mode} failed at {time.monotonic() - t0:.0f} s: {type(e).__name__}: "
                   f"{str(e)[:300]}", flush=True)
             status = 1
-    if a.tune and a.winners:
-        kernels = winners.record()
-        data = {"gpu": torch.cuda.get_device_name(), "triton": triton.__version__, "fla": fla.__version__,
-                "source": f"bench/fla_warm.py --tune at N={N} T={T} H={H} K={K} V={V} (bf16 chunk_gdn2 fwd+bwd)",
-                "kernels": kernels}
-        with open(a.winners, "w", encoding="utf-8") as f:
-            json.dump(data, f)
-        print(f"fla_warm tune: {sum(map(len, kernels.values()))} winners of {len(kernels)} kernels -> {a.winners}",
-              flush=True)
+        if a.tune and a.winners:  # after each mode: a tune cut by its timeout keeps the forward's
+            kernels = winners.record()
+            data = {"gpu": torch.cuda.get_device_name(), "triton": triton.__version__, "fla": fla.__version__,
+                    "source": f"bench/fla_warm.py --tune at N={N} T={T} H={H} K={K} V={V} (bf16 chunk_gdn2 {mode})",
+                    "kernels": kernels}
+            with open(a.winners + ".part", "w", encoding="utf-8") as f:
+                json.dump(data, f)
+            os.replace(a.winners + ".part", a.winners)
+            print(f"fla_warm tune: {sum(map(len, kernels.values()))} winners of {len(kernels)} kernels -> "
+                  f"{a.winners}", flush=True)
     return status
 
 
