@@ -66,7 +66,7 @@ if [ "$LEFT" -gt 25 ]; then
   mkdir -p bench/_origin_ref && cp ../../reference/chunked*.py bench/_origin_ref/ && touch bench/_origin_ref/__init__.py
   md5sum ../../reference/chunked*.py reference/chunked*.py > "$R/origin-md5.txt" 2>&1
   timeout "$LEFT" python3 bench/chunked_sweep.py --variants origin,main,copies,no-views,no-direct,qkdot --reps 5 \
-    --settle 2 --compile --budget-s $(( LEFT - 20 )) --json "$R/steps.json" > "$R/steps-sweep.log" 2>&1
+    --settle 2 --profile --profile-variant main --compile --budget-s $(( LEFT - 20 )) --json "$R/steps.json" > "$R/steps-sweep.log" 2>&1
   RC=$?; echo "[$(el) s] steps sweep rc=$RC" | tee -a "$R/steps.log"
 fi
 kill "$SNAP" 2>/dev/null
