@@ -8,7 +8,8 @@ On CUDA (default when available) it times, at N=4 T=4096 H=16 K=V=128 unless tol
 forward, chunked fp32 forward, chunked fp64 forward+backward, the same for the previous implementation
 (bench/chunked_previous.py, the reference before issue 28; ``--no-previous`` skips it), and, when ``fla``
 imports, FLA's bf16 ``chunk_gdn2`` forward and forward+backward (with the harness's recorded autotune winners
-for this GPU applied first, so FLA compiles one config per kernel). It prints medians (CUDA events, after
+for this GPU applied first, so FLA compiles one config per kernel; with ``DELTACHECK_RECORD_WINNERS`` naming a
+directory, this run's winners are written there after FLA's rows, bench/fla_warm.py). It prints medians (CUDA events, after
 warm-ups), the peak memory above what was allocated before (forward+backward: including the inputs'
 gradients, which it frees first), and the ratios to FLA against issue 28's targets (fwd <= 5x, fwd+bwd <= 7x,
 peak <= 3 GiB). Each fp64 row also gets its achieved FLOP/s and bytes/s (the flops and bytes of the same
@@ -426,10 +427,12 @@ def fla(a, results, x, device, scale, record, do64, ds64, ref):
         return fla_fn(q, k, v, g, b, w, scale=scale, initial_state=h0, output_final_state=True, cu_seqlens=None)
 
     results["fla"]["winners"] = apply_fla_winners()
+    print(f"  fla autotune winners applied: {results['fla']['winners']}", flush=True)
     with torch.no_grad():
         record("fla bf16 fwd", lambda: call(bf))
     step, prepare = fwdbwd_closure(bf, call, lambda o, s: (do64.to(o.dtype), ds64.to(s.dtype)))
     record("fla bf16 fwd+bwd", step, prepare=prepare)
+    results["fla"]["recorded"] = record_fla_winners()
     if ref is not None:
         try:
             with torch.no_grad():
@@ -455,6 +458,20 @@ def apply_fla_winners():
         return winners.apply(winners.merge_files(files)) if files else "no recorded winners for this GPU"
     except Exception as e:  # noqa: BLE001 - FLA just autotunes
         return f"not applied ({type(e).__name__}: {e})"
+
+
+def record_fla_winners():
+    """With ``DELTACHECK_RECORD_WINNERS`` (a directory), this process's FLA autotune winners written there
+    (harness/backends/fla/winners.py), so that the next run at this shape compiles one config per kernel."""
+    if not os.environ.get("DELTACHECK_RECORD_WINNERS"):
+        return None
+    try:
+        from deltacheck.harness.backends.fla import winners
+
+        winners.record_to_dir()
+        return os.environ["DELTACHECK_RECORD_WINNERS"]
+    except Exception as e:  # noqa: BLE001 - compile time only
+        return f"not recorded ({type(e).__name__}: {e})"
 
 
 def profile(core, inputs64, scale, device, do64, ds64):

@@ -103,6 +103,12 @@ VARIANTS = {
     "gb-bwd24-keep": ({"graph_backward": True}, {(_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 24 * MIB,
                                                  (_R, "KEEP_LAST"): True}),
     "gb-s1-keep": ({"graph_backward": True}, {(_S, "HANDOFF_SLICES"): 1, (_R, "KEEP_LAST"): True}),
+    # issue 28's byte cuts, one at a time (h28): the recompute's kept inputs as views, gradients written in place,
+    # M's diagonal as one batched matmul on CUDA
+    "no-views": ({}, {(_I, "KEEP_VIEWS"): False}),
+    "no-direct": ({}, {(_S, "DIRECT_GRADS"): False}),
+    "copies": ({}, {(_I, "KEEP_VIEWS"): False, (_S, "DIRECT_GRADS"): False}),
+    "qkdot": ({}, {(_I, "DOT_MATMUL"): True}),
     "gfgb16-c128": ({"graph_forward": True, "graph_backward": True, "chunk_size": 128},
                     {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 16 * MIB, (_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
 }
@@ -367,6 +373,22 @@ def main(argv=None):
                 ms = common.timeit(fn, device, 1, a.reps) * 1e3
             res["rows"]["compiled fwd"] = {"fwd_ms": ms, "compile_s": compile_s}
             print(f"compile_intra fwd: {ms:.2f} ms (first call {compile_s:.0f} s)", flush=True)
+            with torch.no_grad():  # against the eager forward on the same inputs
+                (co, cs), (eo, es) = fn(), chunked.chunked_gdn2(*inputs, scale)
+            res["rows"]["compiled fwd"].update(rel_out=common.rel_rms(co, eo), rel_state=common.rel_rms(cs, es))
+            print(f"compile_intra fwd vs eager: out {common.rel_rms(co, eo):.1e}, state {common.rel_rms(cs, es):.1e}",
+                  flush=True)
+            del co, cs, eo, es
+            save()
+            if time.monotonic() - started < a.budget_s:  # the backward's recompute compiles too (its own shapes)
+                t0 = time.monotonic()
+                step, _ = common.fwdbwd_closure(
+                    inputs, lambda ls: chunked.chunked_gdn2(*ls, scale, compile_intra=True), lambda o, s: cot)
+                step()
+                compile_s = time.monotonic() - t0
+                ms = common.timeit(step, device, 1, a.reps) * 1e3
+                res["rows"]["compiled fwd+bwd"] = {"fwdbwd_ms": ms, "compile_s": compile_s}
+                print(f"compile_intra fwd+bwd: {ms:.2f} ms (first call {compile_s:.0f} s)", flush=True)
         except Exception as e:  # noqa: BLE001
             print(f"compile_intra: {type(e).__name__}: {e}")
         save()

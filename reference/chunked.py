@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import torch
 
 from .chunked_replay import SegmentReplay
-from .chunked_segments import _backward_segment, _forms, _forward, _from_chunks
+from .chunked_segments import _backward_segment, _forms, _forward, _from_chunks, grad_views
 
 # Working-set targets, as bytes per activation-sized tensor of one segment (N*H*tokens*max(K, V)*itemsize):
 # a forward segment keeps about 7 such tensors alive at its peak (plus the output), a backward segment about
@@ -123,9 +123,10 @@ class _ChunkedCore(torch.autograd.Function):
             if replayer is not None and Ls == plan.bwd_tokens:
                 d_chunks, y = replayer([*seg_ins, kept[seg], y, d_out[:, t0 : t0 + Ls]])
             else:
-                d_chunks, y = _backward_segment(plan, seg_ins, kept[seg], y, d_out[:, t0 : t0 + Ls])
+                d_chunks, y = _backward_segment(plan, seg_ins, kept[seg], y, d_out[:, t0 : t0 + Ls],
+                                                grad_views(grads, t0, Ls, plan.chunk, plan.q_scale))
             for i, (grad, d) in enumerate(zip(grads, d_chunks)):
-                if grad is not None:
+                if grad is not None and d is not None:  # None: written in place already
                     _from_chunks(d, grad[:, t0 : t0 + Ls], plan.q_scale if i == 0 else None)
             del d_chunks
         dh0 = y.clone().view(N, H, K, V) if ctx.needs_input_grad[7] else None

@@ -66,6 +66,7 @@ class Intra:
     s0: torch.Tensor | None = None
     y: torch.Tensor | None = None
     do: torch.Tensor | None = None
+    grid: tuple | None = None  # (nc, N, H): the batch as chunk_view lays it out
 
 
 # --- layout and in-place helpers -------------------------------------------------------------------
@@ -142,6 +143,24 @@ SMALL_INVERSE = 4  # levels s <= this form -T1 X T0 as broadcast products and su
 GROUP_TOKENS = 16  # levels 1 < s < GROUP_TOKENS / 2 take their blocks from one product per group
 
 
+# With KEEP_VIEWS the backward's recompute (keep=True) builds kq as the forward does, straight into its buffer, and
+# keeps v, w, b as chunk-layout views of the inputs instead of copies (bit for bit the same values). With DOT_MATMUL,
+# on CUDA, M's diagonal q_i . k_i is one batched matmul over the tokens instead of a product and a sum.
+KEEP_VIEWS = True
+DOT_MATMUL = False
+
+
+def _row_dots(q, k):
+    """``q_i . k_i`` of ``[N, Ls, H, K]`` inputs as ``[N, Ls, H, 1]``."""
+    if DOT_MATMUL and cuda_shapes(q):
+        try:
+            K = q.shape[-1]
+            return torch.bmm(q.view(-1, 1, K), k.view(-1, K, 1)).view(*q.shape[:-1], 1)
+        except RuntimeError:  # not viewable as one batch (a slice of a longer input): the plain form
+            pass
+    return (q * k).sum(-1, keepdim=True)
+
+
 def cuda_shapes(x) -> bool:
     """Whether to use the forms chosen for cuBLAS's speed on small blocks (see above)."""
     return x.is_cuda
@@ -203,10 +222,11 @@ def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False, q_scale=None)
     pre_scaled = scaled and fast and not keep  # kq will hold the rows of level 1 (kq * exp(g)) at once
     # M's diagonal q_i . k_i: products rounded to the dtype, then summed (as a plain implementation; in fp64 as
     # good as a matmul's dot). With pre_scaled, from the inputs, first, while nothing else is allocated.
-    qk = chunk_view((q * k).sum(-1, keepdim=True), C).reshape(B, C) if pre_scaled else None
+    qk = chunk_view(_row_dots(q, k), C).reshape(B, C) if pre_scaled else None
     eg = to_chunks(g.to(gate_dtype), C, fn=torch.exp)  # [B, C, Kg] exp(g) <= 1
     Kg = eg.shape[-1]
-    if keep or not fast:
+    views = keep and fast and KEEP_VIEWS  # the backward reads v, w, b through views of the inputs
+    if not fast or (keep and not views):
         k, v, b, w = (to_chunks(x, C) for x in (k, v, b, w))
         kq = torch.stack([k * b, to_chunks(q, C, q_scale)], 2)
         wv = w * v
@@ -214,7 +234,7 @@ def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False, q_scale=None)
         kq = k.new_empty(B, C, 2, K)
         kqv = kq.view(nc, N, H, C, 2, K)
         torch.mul(chunk_view(k, C), chunk_view(b, C), out=kqv[..., 0, :])
-        if scaled:  # the rows of level 1, kq * exp(g), made here: q is read once
+        if pre_scaled:  # the rows of level 1, kq * exp(g), made here: q is read once
             egv = eg.view(nc, N, H, C, Kg)
             kqv[..., 0, :].mul_(egv)
             torch.mul(chunk_view(q, C), egv, out=kqv[..., 1, :])
@@ -226,7 +246,9 @@ def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False, q_scale=None)
         wv = v.new_empty(B, C, v.shape[-1])
         torch.mul(chunk_view(w, C), chunk_view(v, C), out=wv.view(nc, N, H, C, -1))
         k = to_chunks(k, C)
-        q = v = b = w = kqv = None
+        # kept for the backward as chunk-layout views [nc, N, H, C, D] of the inputs (no copies)
+        v, b, w = (chunk_view(x, C) for x in (v, b, w)) if views else (None, None, None)
+        q = kqv = None
     cd = k.dtype
 
     # T and M side by side in one buffer [B, 2, C, C]; level 0 is their diagonal: T_ii = 1, M_ii = q_i . k_i.
@@ -294,7 +316,7 @@ def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False, q_scale=None)
     del qe
     oi = None if keep else torch.bmm(m, ut)  # the backward (keep) reads qe_m for the state's gradient, never oi
     del m, tm
-    return Intra(oi, qe_m, kh=kh, ut=ut, wt=wt, e_total=e_total, **kept)
+    return Intra(oi, qe_m, kh=kh, ut=ut, wt=wt, e_total=e_total, grid=(nc, N, H), **kept)
 
 
 def handoff(z: Intra, rows=slice(None), hh_out=None):

@@ -44,7 +44,7 @@ def _level_grads(dx, kc, rows, small):
     return dr, dkc
 
 
-def intra_backward(z: Intra):
+def intra_backward(z: Intra, outs=None):
     """Gradients ``(dq, dk, dv, dg, db, dw)`` of the chunked inputs, in their shapes.
 
     ``z`` from ``intra_forward(keep=True)`` with, per chunk, ``z.s0 [B, K, V]`` its start state, ``z.y [B, K,
@@ -56,6 +56,11 @@ def intra_backward(z: Intra):
     The log-decay's gradient is the sum, over every decay factor exp(sum of g over an interval) that g_t lies
     in, of that factor's log-adjoint (factor times its gradient): direct sums of the decayed terms over the
     same intervals as the forward's, accumulated in the gate dtype.
+
+    The gradients come as ``[nc, N, H, C, D]`` (``z.grid`` = (nc, N, H)), the layout of ``chunk_view``: ``z.v``,
+    ``z.w``, ``z.b`` may be such views of the inputs (``chunked_intra.KEEP_VIEWS``). ``outs``: per gradient, None
+    or such a view of where it goes (the input's gradient): its last operation writes there, and it is returned
+    as None.
     """
     kq, k, b = z.kq, z.k, z.b
     B, C, K = k.shape
@@ -89,9 +94,16 @@ def intra_backward(z: Intra):
     da = torch.baddbmm(da, da, tt, beta=0, alpha=-1)
     dam = torch.stack([da, dm], 2)  # [B, C, 2 (A, M), C]
     del da, dt, tt
-    dv = dwv * z.w
-    dw = _sum_to(dwv * z.v, z.w.shape[-1])
+    outs = list(outs) if outs is not None else [None] * 6
+
+    def _grid(x):  # [B, C, D] as [nc, N, H, C, D] (a view)
+        return x if x.dim() == 5 else x.view(*z.grid, *x.shape[1:])
+
+    gw = _grid(dwv)
+    dv = torch.mul(gw, _grid(z.w), out=outs[2])
+    dw = _mul_sum_to(gw, _grid(z.v), z.w.shape[-1], outs[5])
     z.v = z.w = None
+    del gw
     del dwv
 
     dmd = torch.diagonal(dm, dim1=1, dim2=2).unsqueeze(-1)  # M_ii = q_i . k_i
@@ -157,11 +169,26 @@ def intra_backward(z: Intra):
     e_start, e_end = pf.to(cd), qf.to(cd)
     del pf, qf
     dkb = torch.addcmul(dkq[:, :, 0], dkbe, e_start)
-    dq = torch.addcmul(dkq[:, :, 1], dqe, e_start)
+    dq = torch.addcmul(_grid(dkq[:, :, 1]), _grid(dqe), _grid(e_start), out=outs[0])
     del dkq, dkbe, dqe
     dk.addcmul_(dkh, e_end)
-    dk.addcmul_(dkb, b)
-    db = _sum_to(dkb * k, b.shape[-1])
+    gkb = _grid(dkb)
+    dk = _grid(dk).addcmul_(gkb, _grid(b)) if outs[1] is None else torch.addcmul(_grid(dk), gkb, _grid(b), out=outs[1])
+    db = _mul_sum_to(gkb, _grid(k), b.shape[-1], outs[4])
     z.kq = z.k = z.b = None
-    dg = (dgn + dgr.flip(1)).to(cd)
-    return dq, dk, dv, dg, db, dw
+    del gkb
+    if cd == gd:
+        dg = torch.add(_grid(dgn), _grid(dgr.flip(1)), out=outs[3])
+    else:
+        dg = _grid((dgn + dgr.flip(1)).to(cd))
+        if outs[3] is not None:
+            outs[3].copy_(dg)
+    return tuple(None if o is not None else d for d, o in zip((dq, dk, dv, dg, db, dw), outs))
+
+
+def _mul_sum_to(x, y, n, out=None):
+    """``x * y`` summed over the last dim down to a broadcast singleton when the input was one (``n == 1``),
+    written to ``out`` when given."""
+    if n == 1 and max(x.shape[-1], y.shape[-1]) != 1:
+        return torch.sum(x * y, -1, keepdim=True, out=out)
+    return torch.mul(x, y, out=out)

@@ -21,7 +21,7 @@ import warnings
 import torch
 
 from . import chunked_intra, chunked_intra_backward
-from .chunked_intra import handoff, intra_forward, to_chunks
+from .chunked_intra import chunk_view, handoff, intra_forward, to_chunks
 from .chunked_intra_backward import intra_backward
 from .chunked_replay import SegmentReplay
 
@@ -63,10 +63,10 @@ def _intra(fn, plan):
 
 
 def _from_chunks(src, dst, scale=None):
-    """Write (``scale`` times) chunk-major ``src [nc*N*H, C, D]`` into ``dst [N, Ls, H, D]`` (its first Ls
-    tokens)."""
+    """Write (``scale`` times) chunk-major ``src [nc*N*H, C, D]`` (or ``[nc, N, H, C, D]``) into ``dst [N, Ls, H, D]``
+    (its first Ls tokens)."""
     N, Ls, H, D = dst.shape
-    C = src.shape[1]
+    C = src.shape[-2]
     src = src.reshape(-1, N, H, C, D)
     full, tail = divmod(Ls, C)
     # each view of dst taken just before its write: under autograd the first write makes dst a non-leaf
@@ -182,17 +182,34 @@ def _forward(plan, ins, h0, keep_every=None):
 def _forms():
     """The module constants that choose a segment's kernels, besides the plan (part of a kept graph's key)."""
     return (HANDOFF_SLICES, chunked_intra.GROUP_TOKENS, chunked_intra.SMALL_INVERSE,
-            chunked_intra_backward.SMALL_GRADS)
+            chunked_intra_backward.SMALL_GRADS, chunked_intra.KEEP_VIEWS, chunked_intra.DOT_MATMUL)
+
+
+# With DIRECT_GRADS the backward writes each input's gradient straight into its stretch of the gradient tensor
+# (the last operation of each gradient writes through a chunk-layout view of it) instead of into a chunk-layout
+# buffer that is then copied there: one pass less over every gradient.
+DIRECT_GRADS = True
+
+
+def grad_views(grads, t0, Ls, chunk, q_scale):
+    """Per input gradient ``[N, L, H, D]`` (or None): the chunk-layout view ``[nc, N, H, C, D]`` of its tokens
+    ``t0 .. t0+Ls`` for the backward segment to write into, or None where it cannot (DIRECT_GRADS off, a segment
+    that is not whole chunks, q's gradient when q was scaled first: that one takes the copy with the scale)."""
+    if not DIRECT_GRADS or Ls % chunk:
+        return [None] * len(grads)
+    return [None if g is None or (i == 0 and q_scale is not None) else chunk_view(g[:, t0 : t0 + Ls], chunk)
+            for i, g in enumerate(grads)]
 
 
 # --- backward ----------------------------------------------------------------------------------------
 
 
-def _backward_segment(plan, ins, s_start, y, d_out):
+def _backward_segment(plan, ins, s_start, y, d_out, outs=None):
     """One backward segment ``ins [N, Ls, H, D]`` with its start state ``s_start`` and the gradient ``y`` of its
     end state: its intra-chunk tensors recomputed, the states again, the state's gradient backwards through
     the chunks, the intra-chunk backward. Returns the inputs' gradients in chunk layout and the gradient of the
-    start state ``[NH, K, V]``."""
+    start state ``[NH, K, V]``. ``outs``: per input, None or the chunk-layout view of its gradient's stretch,
+    which its gradient is written into (then returned as None; ``grad_views``)."""
     q, k, v = ins[:3]
     N, Ls, H, K = k.shape
     V = v.shape[-1]
@@ -219,4 +236,4 @@ def _backward_segment(plan, ins, s_start, y, d_out):
     del p, dss
     z.s0, z.y, z.do = states[:nc].view(-1, K, V), ds[1:].view(-1, K, V), do
     del states, ds, do
-    return list(intra_backward(z)), y  # z is consumed
+    return list(intra_backward(z, outs)), y  # z is consumed

@@ -326,6 +326,34 @@ def test_the_cuda_forms_are_exact_on_the_cpu(monkeypatch, widths, chunk_size, L)
     assert err <= 1e-14, f"{name}: {err:.2e}"
 
 
+@pytest.mark.parametrize("chunk_size,L,seg", [(8, 37, 16), (16, 64, 32), (16, 50, None)])
+@pytest.mark.parametrize("widths", list(WIDTHS))
+def test_fewer_passes_change_no_bit(monkeypatch, widths, chunk_size, L, seg):
+    """Issue 28's byte cuts: the backward's recompute keeping v, w, b as views of the inputs
+    (``chunked_intra.KEEP_VIEWS``) and writing each gradient straight into its tensor (``chunked_segments.
+    DIRECT_GRADS``; segments of whole chunks, and a padded last chunk that takes the copy) give the gradients of
+    the copying forms bit for bit; M's diagonal as one batched matmul (``DOT_MATMUL``, CUDA forms forced on the
+    CPU) stays exact against the oracle at infinite and -1000 decays."""
+    kg, kb, vw = WIDTHS[widths]
+    ins = core_inputs(L=L, kg=kg, kb=kb, vw=vw, seed=L)
+    g = ins[3][:, :2]
+    g[g > -1] = -1000.0
+    kw = dict(chunk_size=chunk_size, segment_tokens=seg)
+    monkeypatch.setattr(chunked_intra, "KEEP_VIEWS", False)
+    monkeypatch.setattr(chunked_segments, "DIRECT_GRADS", False)
+    copying = core_run(chunked_gdn2, ins, **kw)
+    monkeypatch.setattr(chunked_intra, "KEEP_VIEWS", True)
+    monkeypatch.setattr(chunked_segments, "DIRECT_GRADS", True)
+    fewer = core_run(chunked_gdn2, ins, **kw)
+    assert copying.keys() == fewer.keys()
+    for name in copying:
+        assert torch.equal(copying[name], fewer[name]), name
+    monkeypatch.setattr(chunked_intra, "cuda_shapes", lambda x: True)
+    monkeypatch.setattr(chunked_intra, "DOT_MATMUL", True)
+    err, name = worst(core_run(chunked_gdn2, ins, **kw), core_run(token_oracle, ins))
+    assert err <= TOL64, f"{name}: {err:.2e}"
+
+
 def _fake_graphs(monkeypatch, capture):
     """Let the backward's segment replayer run on the CPU: no streams, ``capture`` in place of the CUDA graph."""
     monkeypatch.setattr(chunked_replay.SegmentReplay, "disabled", False)
