@@ -273,4 +273,5 @@ def test_graph_replay_declines_with_why_and_causality_runs(open_gate):
     case = CASES[0]
     got = graph_replay(jax_backend(), case, ENV, "cuda")
     assert got.status == "declined" and "XLA" in got.reason and "synchronize" in got.reason
-    assert causality(jax_backend(), case, ENV, "cpu").status == "passed"
+    judged = causality(jax_backend(), case, ENV, "cpu")
+    assert judged.status == "passed" and judged.numbers["rule"] == "chunked"  # jla's kernels are chunked
