@@ -10,6 +10,7 @@
 #   cudnn (routed: gdn -> gdn_cutile, kda -> kda_hopper_cuda or kda_cutile), cudnn@gdn_cutile (gdn),
 #   cudnn@kda_cutile (kda); causality and graph replay, serving_run --resume (a second call with `resume` runs only
 #   what is missing while the machine is warm). Caches (cuda.tile cubins, FE's NVRTC cubins) under /tmp/h26-cache.
+# When the machine is still warm from P and Q, two more processes finish FlashQLA's L0 (11 cases Q left).
 # Returns $OUT/h26-R2.tgz (logs, results JSONL, the table), refreshed every 20 s.
 set -u
 T0=$(date +%s); MODE=${1:-}; CAP=${CAP:-235}; W=h26
@@ -19,6 +20,7 @@ mkdir -p "$L" "/tmp/dc-$W" && ln -sfn "$PWD/.carry/$W" "/tmp/dc-$W/deltacheck"
   .whl/nvidia_cudnn_frontend-*.whl .whl/apache_tvm_ffi-*.whl >> "$L/env-$TAG.txt" 2>&1
 TC=${CUTILE_TC:-$(dirname "$(dirname "$(dirname "$(dirname "$(ls -d /tmp/*/nvidia/cu13/bin/tileiras 2>/dev/null | head -1)")")")")}
 SITE=${CUTILE_SITE:-$(ls -d /tmp/*/cuda/tile 2>/dev/null | grep -v "^$CSITE/" | head -1 | sed 's#/cuda/tile$##')}
+OLD_CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}; OLD_PATH=$PATH
 unset CUDA_HOME CUDA_PATH  # tileiras would take $CUDA_HOME's 13.0 ptxas and libnvvm over its own 13.4 (docs/ci.md)
 export PATH=$TC/nvidia/cu13/bin:$PATH CUDAToolkit_ROOT=/usr/local/cuda PYTHONUNBUFFERED=1
 export DELTACHECK_CACHE_DIR=/tmp/$W-cache
@@ -45,12 +47,22 @@ for i in 1 2; do
   ( serve gdn_cutile-$i --backend cudnn@gdn_cutile --op gdn --shard $i/2 ) & PIDS+=($!)
   ( serve kda_cutile-$i --backend cudnn@kda_cutile --op kda --shard $i/2 ) & PIDS+=($!)
 done
+# Opportunistic: when the machine is still the warm one of calls P and Q (FlashQLA's prefix and TileLang's cache still
+# under /tmp), the FlashQLA cases Q left, in two shards seeded with Q's results, on TileLang's own toolkit settings.
+if [ -d /tmp/$W-qla/flash_qla ] && [ -s /tmp/$W-logs/flashqla.jsonl ]; then
+  for i in 1 2; do
+    [ -s "$L/flashqla-$i.jsonl" ] || cp /tmp/$W-logs/flashqla.jsonl "$L/flashqla-$i.jsonl"
+    ( export CUDA_HOME=$OLD_CUDA_HOME PATH=$OLD_PATH FLA_DISABLE_BACKEND_DISPATCH=1; PP=/tmp/$W-qla:/tmp/dc-$W
+      serve flashqla-$i --backend flashqla --shard $i/2 ) & PIDS+=($!)
+  done
+else echo "flashqla: no warm prefix from P/Q, not run" >> "$L/env-$TAG.txt"; fi
 wait "${PIDS[@]}"
 kill "$SNAP" 2>/dev/null
 PYTHONPATH=/tmp/dc-$W python3 - "$L" > "$L/table-$TAG.txt" 2>&1 <<'EOF'
 import glob, sys
 from deltacheck.harness.run.serving_run import load_done, table
-print(table([r for p in sorted(glob.glob(sys.argv[1] + "/*.jsonl")) for r in load_done(p)[0]]))
+rows = {(r["backend"], r["check"], r["case"]): r for p in sorted(glob.glob(sys.argv[1] + "/*.jsonl")) for r in load_done(p)[0]}
+print(table(list(rows.values())))  # a pair once (the flashqla shards start from the same results)
 EOF
 du -sh "$DELTACHECK_CACHE_DIR"/* >> "$L/env-$TAG.txt" 2>&1
 cat "$L/times.txt" "$L/table-$TAG.txt"; grep -h "^FAILED\|^ERROR" "$L"/*.log | cut -c1-300 | head -30
