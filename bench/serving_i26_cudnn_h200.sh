@@ -27,8 +27,8 @@ export DELTACHECK_CACHE_DIR=/tmp/$W-cache
 PP=$CSITE:$SITE:/tmp/dc-$W
 { date -u; echo "tileiras: $TC ($(ls "$TC/nvidia/cu13/bin/tileiras" 2>&1)); cuda_tile site: $SITE"
   nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader; nproc
-  PYTHONPATH=$PP timeout 60 python3 -m deltacheck env 2>&1 | grep -i -E "cudnn|tile|nvrtc|cuda_runtime|device" | head -20
   echo "setup $(( $(date +%s) - T0 ))s"; } >> "$L/env-$TAG.txt" 2>&1
+( PYTHONPATH=$PP timeout 60 python3 -m deltacheck env > "$L/deltacheck-env-$TAG.txt" 2>&1 ) &
 left() { echo $(( CAP - ($(date +%s) - T0) )); }
 serve() {  # serve NAME ARGS...: results appended to $L/NAME.jsonl; no new check in the last 12 s
   local name=$1; shift; local t=$(date +%s) budget=$(( $(left) - 12 ))
