@@ -67,3 +67,14 @@ def test_resume_keeps_results_runs_the_rest_and_defers_the_pair_that_died(tmp_pa
     assert not (tmp_path / "r.jsonl.inflight").exists()
     again, last = serving_run.load_done(str(path))
     assert len(again) == 3 and last is None
+
+
+def test_case_ids_plan_their_own_checks_and_reproduce_on_the_reference(capsys):
+    ids = ["kda-bf16-thd-N3-T[1_64_200]-H2/2/2-K128-V128-steep-h0",
+           "kda-bf16-thd-N3-T[4_4_4]-H2/2/2-K64-V64-typical-pool15-spec3[0_2_3]"]
+    pairs = serving_run.plan_cases(ids, ["causality", "graph_replay", "speculative"])
+    assert [(name, c.id) for name, c in pairs] == [("causality", ids[0]), ("graph_replay", ids[0]),
+                                                  ("speculative", ids[1])]
+    code = serving_run.main(["--backend", "oracle", "--case", "gdn-bf16-thd-N2-T[3_4]-H1/1/1-K32-V32-typical",
+                             "--checks", "causality", "--device", "cpu"])
+    assert code == 0 and "oracle causality 1 1 0" in capsys.readouterr().out

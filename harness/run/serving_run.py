@@ -4,7 +4,7 @@ print per backend x check: run / passed / failed / declined (and reported, error
     python -m deltacheck.harness.run.serving_run --backend fla-recurrent --backend fla --tier L0 \
         --serving-tier L0 --out results.json [--budget-s 60] [--checks causality,graph_replay] [--op kda]
 
-``--budget-s`` stops starting new checks for a backend after that many seconds (what ran is kept and the rest is counted as
+``--case ID`` (repeatable) runs the checks of those cases only, instead of the tiers. ``--budget-s`` stops starting new checks for a backend after that many seconds (what ran is kept and the rest is counted as
 not run, never as passed). ``--shard I/N`` takes every N-th case (I = 1..N; a case's checks stay together), so N
 processes split one backend's list. ``--resume FILE.jsonl`` keeps every result already in FILE (any status but
 not_run), runs only the rest and appends to FILE; a check that was in flight when an earlier process died (its pair in
@@ -43,6 +43,22 @@ def plan(tier: str, serving_tier: str, checks, op=None) -> list[tuple[str, objec
     training = interleave_ops(training)
     order = [name for name in ("causality", "graph_replay", "batch_invariance") if name in checks]
     pairs += [(name, c) for c in training for name in order]
+    return pairs
+
+
+def plan_cases(case_ids, checks) -> list[tuple[str, object]]:
+    """(check, case) pairs for the cases named (``--case``): a serving case (pool, chain, spec or checkpoint axes)
+    under the check it exists for, any other under each invariance check asked for (its forward call)."""
+    from deltacheck.cases.spec import Case
+
+    pairs = []
+    for case_id in case_ids:
+        case = Case.from_id(case_id)
+        if case.pool or case.checkpoint_every:
+            pairs += [(check_for(case), case)] if check_for(case) in checks else []
+            continue
+        case = case.replace(backward=False, splits=())
+        pairs += [(name, case) for name in ("causality", "graph_replay", "batch_invariance") if name in checks]
     return pairs
 
 
@@ -148,6 +164,8 @@ def main(argv=None) -> int:
     parser.add_argument("--serving-tier", default="L0")
     parser.add_argument("--checks", default=",".join(ALL_CHECKS))
     parser.add_argument("--op", default=None)
+    parser.add_argument("--case", action="append", default=None, metavar="ID",
+                        help="only these cases (repeatable; instead of the tiers), e.g. to reproduce one result")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument("--budget-s", type=float, default=None)
     parser.add_argument("--shard", default=None, metavar="I/N", help="every N-th case, from the I-th (1..N)")
@@ -164,7 +182,7 @@ def main(argv=None) -> int:
     unknown = sorted(set(checks) - set(ALL_CHECKS))
     if unknown:
         parser.error(f"--checks: unknown {unknown}; known: {', '.join(ALL_CHECKS)}")
-    pairs = plan(args.tier, args.serving_tier, checks, args.op)
+    pairs = plan_cases(args.case, checks) if args.case else plan(args.tier, args.serving_tier, checks, args.op)
     if args.shard:
         pairs = shard(pairs, args.shard)
     done, last, inflight = [], None, None
