@@ -266,3 +266,11 @@ def test_the_shipped_entry_makes_flashqlas_refusal_known_under_the_cli(run_cli, 
     rc, text, statuses = known_refusal_run(run_cli, monkeypatch, tmp_path / "b", "fake_backends:FlashQlaOnItsDouble",
                                            newer)
     assert rc == 1 and "error" in set(next(iter(statuses.values())).values()), text
+
+
+@pytest.mark.parametrize("case", CASES[:2], ids=lambda c: c.id)
+def test_causality_is_judged_by_the_chunked_rule_and_passes(case):
+    # FlashQLA is a chunk kernel: the one-ulp rule (docs/serving.md); the double (exact, token by token) moves 0 ulps.
+    from deltacheck.harness.judge.invariance_checks import causality
+    got = causality(backend(), case, H200, "cpu")
+    assert got.status == "passed" and got.numbers["rule"] == "chunked" and got.numbers["max_ulps_before"] == 0.0

@@ -264,3 +264,14 @@ def test_declines_exactly_outside_its_envelope_on_every_l0_case(open_gate):
         if verdict.runnable != forward or (case.backward and verdict.runnable and verdict.backward != backward):
             disagree.append((case.id, verdict.reason))
     assert disagree == []
+
+
+def test_graph_replay_declines_with_why_and_causality_runs(open_gate):
+    # A torch graph around the bridge would hold no XLA kernel (and its synchronize is illegal while capturing):
+    # the graph-replay check declines with that reason; causality (no capture) runs on the double and passes.
+    from deltacheck.harness.judge.invariance_checks import causality, graph_replay
+    case = CASES[0]
+    got = graph_replay(jax_backend(), case, ENV, "cuda")
+    assert got.status == "declined" and "XLA" in got.reason and "synchronize" in got.reason
+    judged = causality(jax_backend(), case, ENV, "cpu")
+    assert judged.status == "passed" and judged.numbers["rule"] == "chunked"  # jla's kernels are chunked

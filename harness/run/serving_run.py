@@ -4,9 +4,12 @@ print per backend x check: run / passed / failed / declined (and reported, error
     python -m deltacheck.harness.run.serving_run --backend fla-recurrent --backend fla --tier L0 \
         --serving-tier L0 --out results.json [--budget-s 60] [--checks causality,graph_replay] [--op kda]
 
-``--budget-s`` stops starting new checks for a backend after that many seconds (what ran is kept and the rest is counted as
-not run, never as passed). Each result carries the case id, so a failure reproduces with
-``serving_checks.<check>(get_backend(name), Case.from_id(id), probe_env(), device)``.
+``--case ID`` (repeatable) runs the checks of those cases only, instead of the tiers. ``--budget-s`` stops starting new checks for a backend after that many seconds (what ran is kept and the rest is counted as
+not run, never as passed). ``--shard I/N`` takes every N-th case (I = 1..N; a case's checks stay together), so N
+processes split one backend's list. ``--resume FILE.jsonl`` keeps every result already in FILE (any status but
+not_run), runs only the rest and appends to FILE; a check that was in flight when an earlier process died (its pair in
+FILE.inflight) runs last, so a crash costs the rest of the list nothing. Each result carries the case id, so a failure
+reproduces with ``serving_checks.<check>(get_backend(name), Case.from_id(id), probe_env(), device)``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import sys
 import time
 
@@ -42,6 +46,22 @@ def plan(tier: str, serving_tier: str, checks, op=None) -> list[tuple[str, objec
     return pairs
 
 
+def plan_cases(case_ids, checks) -> list[tuple[str, object]]:
+    """(check, case) pairs for the cases named (``--case``): a serving case (pool, chain, spec or checkpoint axes)
+    under the check it exists for, any other under each invariance check asked for (its forward call)."""
+    from deltacheck.cases.spec import Case
+
+    pairs = []
+    for case_id in case_ids:
+        case = Case.from_id(case_id)
+        if case.pool or case.checkpoint_every:
+            pairs += [(check_for(case), case)] if check_for(case) in checks else []
+            continue
+        case = case.replace(backward=False, splits=())
+        pairs += [(name, case) for name in ("causality", "graph_replay", "batch_invariance") if name in checks]
+    return pairs
+
+
 def interleave_ops(cases: list) -> list:
     """The cases op by op in turn (first gdn, first kda, ..., second gdn, ...), each op's own order kept: a budget
     that cuts the list then leaves every op of the tier some cases instead of judging only the first op's."""
@@ -52,20 +72,61 @@ def interleave_ops(cases: list) -> list:
     return [col[i] for i in range(max(map(len, columns), default=0)) for col in columns if i < len(col)]
 
 
-def run(backends, pairs, device: str, budget_s: float | None = None, stream=sys.stdout, lines=None) -> list[dict]:
+def shard(pairs: list, spec: str) -> list:
+    """The pairs of every N-th case (``spec`` "I/N", I = 1..N), in order; a case's checks stay in one shard."""
+    i, n = (int(x) for x in spec.split("/"))
+    if not 1 <= i <= n:
+        raise ValueError(f"--shard {spec}: I must be 1..N")
+    order = list(dict.fromkeys(case.id for _, case in pairs))
+    mine = {cid for k, cid in enumerate(order) if k % n == i - 1}
+    return [(name, case) for name, case in pairs if case.id in mine]
+
+
+def load_done(path: str) -> tuple[list[dict], tuple | None]:
+    """The results already in ``path`` (a results JSONL; not_run lines dropped, a pair's last line wins) and the
+    pair ``(backend, check, case)`` recorded in ``path.inflight`` (a check that never finished), or None."""
+    done: dict[tuple, dict] = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                r = json.loads(line)  # a line cut by a kill mid-write would raise: results are written whole
+                if r["status"] != "not_run":
+                    done[(r["backend"], r["check"], r["case"])] = r
+    inflight = None
+    if os.path.exists(path + ".inflight"):
+        with open(path + ".inflight") as f:
+            text = f.read().strip()
+        if text:
+            inflight = tuple(json.loads(text))
+    return list(done.values()), inflight
+
+
+def run(backends, pairs, device: str, budget_s: float | None = None, stream=sys.stdout, lines=None,
+        done=(), inflight_path=None, last=None) -> list[dict]:
     """Every pair for every backend; ``budget_s`` per backend; ``lines``: a file each result is appended to as one
-    JSON line the moment it exists (what a run killed by a timeout leaves)."""
+    JSON line the moment it exists (what a run killed by a timeout leaves). ``done``: results kept from an earlier
+    run (their pairs are not run again); ``inflight_path``: a file holding the pair being checked, cleared when the
+    run ends; ``last``: a ``(backend, check, case)`` pair put at the end of its backend's list."""
     env = probe_env()
-    results = []
+    results = list(done)
+    skip = {(r["backend"], r["check"], r["case"]) for r in done}
     for spec in backends:
         backend = backend_for(spec)
         start = time.monotonic()
-        for name, case in pairs:
+        todo = [(name, case) for name, case in pairs if (spec, name, case.id) not in skip]
+        todo.sort(key=lambda p: (spec, p[0], p[1].id) == last)  # stable: only the pair that died moves
+        for name, case in todo:
             if budget_s is not None and time.monotonic() - start > budget_s:
                 results.append({"check": name, "backend": spec, "case": case.id, "status": "not_run",
                                 "reason": f"budget of {budget_s:g} s spent", "numbers": {}})
                 continue
             fn = SERVING_CHECKS.get(name) or INVARIANCE_CHECKS[name]
+            if inflight_path:
+                with open(inflight_path, "w") as f:
+                    f.write(json.dumps([spec, name, case.id]))
             t0 = time.monotonic()
             result = fn(backend, case, env, device).as_dict()
             result["backend"] = spec
@@ -77,6 +138,8 @@ def run(backends, pairs, device: str, budget_s: float | None = None, stream=sys.
             if result["status"] in ("failed", "error"):
                 print(f"{result['status'].upper()} {spec} {name} {case.id}: {result['reason']}", file=stream,
                       flush=True)
+    if inflight_path and os.path.exists(inflight_path):
+        os.remove(inflight_path)
     return results
 
 
@@ -101,8 +164,13 @@ def main(argv=None) -> int:
     parser.add_argument("--serving-tier", default="L0")
     parser.add_argument("--checks", default=",".join(ALL_CHECKS))
     parser.add_argument("--op", default=None)
+    parser.add_argument("--case", action="append", default=None, metavar="ID",
+                        help="only these cases (repeatable; instead of the tiers), e.g. to reproduce one result")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument("--budget-s", type=float, default=None)
+    parser.add_argument("--shard", default=None, metavar="I/N", help="every N-th case, from the I-th (1..N)")
+    parser.add_argument("--resume", default=None, metavar="FILE.jsonl",
+                        help="keep the results in FILE, run the rest, append to FILE")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     import torch
@@ -114,9 +182,19 @@ def main(argv=None) -> int:
     unknown = sorted(set(checks) - set(ALL_CHECKS))
     if unknown:
         parser.error(f"--checks: unknown {unknown}; known: {', '.join(ALL_CHECKS)}")
-    lines = open(args.out + "l", "w") if args.out else None  # results.json -> results.jsonl, line by line
-    results = run(args.backend, plan(args.tier, args.serving_tier, checks, args.op), device, args.budget_s,
-                  lines=lines)
+    pairs = plan_cases(args.case, checks) if args.case else plan(args.tier, args.serving_tier, checks, args.op)
+    if args.shard:
+        pairs = shard(pairs, args.shard)
+    done, last, inflight = [], None, None
+    if args.resume:  # results -> FILE, appended; without it results.json -> results.jsonl, line by line
+        done, last = load_done(args.resume)
+        lines, inflight = open(args.resume, "a"), args.resume + ".inflight"
+        print(f"resume {args.resume}: {len(done)} results kept" + (f"; {last} in flight at a death, run last"
+                                                                  if last else ""), flush=True)
+    else:
+        lines = open(args.out + "l", "w") if args.out else None
+    results = run(args.backend, pairs, device, args.budget_s, lines=lines, done=done, inflight_path=inflight,
+                  last=last)
     print(table(results))
     if args.out:
         with open(args.out, "w") as f:

@@ -31,11 +31,15 @@ import torch
 
 from deltacheck.plugin import FusedAdapter
 
-from ..base import LibraryContractError
+from ..base import LibraryContractError, Verdict
 from ..loading import library_version
 from . import bridge, facts
 from .facts import HEAD_DIMS, INSTALL_HINT, IO_DTYPES, KINDS
 
+GRAPH_REASON = ("not capturable by torch.cuda.CUDAGraph: XLA launches jla's kernels on its own CUDA streams, and the "
+                "DLPack hand-off synchronizes the device each way (torch.cuda.synchronize before JAX reads, "
+                "block_until_ready before torch does; bridge.py), which stream capture forbids; JAX's CUDA graphs "
+                "are XLA command buffers inside jit, not a graph the caller can capture and replay")
 _FLAG_WORDS = {"beta_sigmoid": "a beta sigmoid", "neg_eigval": "allow_neg_eigval", "safe_gate": "a safe gate",
                "beta_guard": "beta_guard"}
 
@@ -150,6 +154,15 @@ class JaxBackend(FusedAdapter):
         if case.initial_state:
             notes.append("initial_state transposed [N, HO, V, K] -> [N, HO, K, V] (jla's key-major state)")
         return notes
+
+    def graph_verdict(self, case, env) -> Verdict:
+        """The graph-replay check's question (docs/serving.md): a ``torch.cuda.CUDAGraph`` cannot hold this call."""
+        return Verdict.no(GRAPH_REASON)
+
+    def causal_rule(self, case) -> str:
+        # jla's Mosaic GPU kernels are chunked (mosaic_gpu/gated_delta_rule.py, kda.py: chunk_size 64, adapted from
+        # FLA's chunk kernels): the causality check's one-ulp rule for chunked kernels (docs/serving.md).
+        return "chunked"
 
     # ------------------------------------------------------------------ the call
     def _function(self, case):
