@@ -7,6 +7,10 @@ allocate without writing) launch no kernel and are not counted. For the others:
 - ``kernels``: one per op (what an eager GPU run launches, give or take a few internal helpers);
 - ``bytes``: the bytes of every tensor argument and result (a view counts the elements it spans; a broadcast
   dimension counts once): a proxy for the memory traffic of an unfused, bandwidth-bound kernel;
+- ``bytes_once``: ``bytes`` less the destinations it counts as read too: a tensor passed as ``out=`` and the
+  destination of ``copy_`` are counted as an argument and as the result, though the kernel only writes them
+  (an in-place op such as ``mul_`` or ``baddbmm_`` with beta 1 does read its destination: counted twice in both);
+  closer to the traffic a GPU sees;
 - ``peak``: the largest total of live storages created inside (inputs made before, and marked with
   :meth:`OpCount.exclude`, do not count), i.e. what ``torch.cuda.max_memory_allocated`` minus the memory
   before would report, up to the allocator's rounding.
@@ -18,6 +22,7 @@ machine.
 from __future__ import annotations
 
 import collections
+import traceback
 import weakref
 
 import torch
@@ -53,11 +58,23 @@ def _tensors(xs):
             yield from _tensors(x)
 
 
+def _site() -> str:
+    """``file:line`` of the innermost frame in deltacheck's reference/ (else any frame outside torch)."""
+    for f in reversed(traceback.extract_stack()):
+        if "/reference/" in f.filename:
+            return f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}"
+    return "?"
+
+
 class OpCount(TorchDispatchMode):
     """Counts kernels, bytes, flops and the peak of live storages (see the module docstring)."""
 
-    def __init__(self):
+    def __init__(self, sites=False):
         super().__init__()
+        self.bytes_once = 0
+        # sites=True: bytes and kernels per (innermost deltacheck/reference/ frame, op), for a breakdown
+        self.sites = collections.Counter() if sites else None
+        self.site_kernels = collections.Counter()
         self.kernels = 0
         self.bytes = 0
         self.flops = 0
@@ -104,14 +121,23 @@ class OpCount(TorchDispatchMode):
         self.kernels += 1
         self.by_op[name] += 1
         read = [] if name in _WRITE_ONLY else list(_tensors(args)) + list(_tensors((kwargs or {}).values()))
-        self.bytes += sum(map(_spanned_bytes, read)) + sum(map(_spanned_bytes, results))
+        moved = sum(map(_spanned_bytes, read)) + sum(map(_spanned_bytes, results))
+        self.bytes += moved
+        dest = (kwargs or {}).get("out")
+        if name == "copy_":
+            dest = args[0]
+        self.bytes_once += moved - (_spanned_bytes(dest) if isinstance(dest, torch.Tensor) else 0)
+        if self.sites is not None:
+            key = f"{_site()} {name}"
+            self.sites[key] += moved
+            self.site_kernels[key] += 1
         if name in _MATMUL:
             i, j = _MATMUL[name]
             self.flops += 2 * args[i].numel() * args[j].shape[-1]
         return out
 
     def summary(self) -> dict:
-        return {"kernels": self.kernels, "bytes": self.bytes, "flops": self.flops, "peak_bytes": self.peak,
+        return {"kernels": self.kernels, "bytes": self.bytes, "bytes_once": self.bytes_once, "flops": self.flops, "peak_bytes": self.peak,
                 "top_ops": dict(self.by_op.most_common(8))}
 
 
@@ -133,3 +159,36 @@ def count_forward_backward(fn, inputs, cotangents, *args, **kwargs) -> dict:
     summary = c.summary()
     summary["grad_bytes"] = sum(t.grad.nbytes for t in leaves if t.grad is not None)
     return summary
+
+
+def main(argv=None) -> int:
+    """The fp64 chunked forward's bytes per source line (CUDA forms) at the benchmark's size, largest first."""
+    import argparse
+
+    from deltacheck.reference import chunked_intra
+    from deltacheck.reference.chunked import chunked_gdn2
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    for n, d in zip("NTHKV", (4, 4096, 16, 128, 128)):
+        p.add_argument(f"--{n}", type=int, default=d)
+    p.add_argument("--top", type=int, default=30)
+    a = p.parse_args(argv)
+    shapes = [(a.N, a.T, a.H, a.K)] * 2 + [(a.N, a.T, a.H, a.V)] + [(a.N, a.T, a.H, a.K)] * 2
+    shapes += [(a.N, a.T, a.H, a.V), (a.N, a.H, a.K, a.V)]
+    meta = [torch.empty(*s, dtype=torch.float64, device="meta") for s in shapes]
+    real, chunked_intra.cuda_shapes = chunked_intra.cuda_shapes, lambda x: True
+    try:
+        with torch.no_grad(), OpCount(sites=True).exclude(*meta) as c:
+            out = chunked_gdn2(*meta, a.K**-0.5)
+            del out
+    finally:
+        chunked_intra.cuda_shapes = real
+    print(f"chunked fp64 forward, CUDA forms, N={a.N} T={a.T} H={a.H} K={a.K} V={a.V}: {c.kernels} kernels, "
+          f"{c.bytes / 1e9:.2f} GB counted, {c.bytes_once / 1e9:.2f} GB with out=/copy_ destinations once")
+    for key, b in c.sites.most_common(a.top):
+        print(f"{b / 1e9:8.3f} GB {c.site_kernels[key]:4d} kernels  {key}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
