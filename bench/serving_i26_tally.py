@@ -4,7 +4,10 @@ plan each backend was given (a pair with no result is not run, never passed).
     python bench/serving_i26_tally.py DIR... [--json out.json]
 
 DIR: unpacked h26-*.tgz folders (every *.jsonl below them is read; a pair's last result wins). Prints
-``backend check run passed failed declined reported error not_run`` and the failures with their reasons.
+``backend check run passed failed declined reported error not_run known`` and the failures with their reasons.
+It counts the statuses as recorded: a result serving_run marked ``known`` (known-issue entries, applied since
+k26) is counted so; the session-4 files predate that, and hold no library versions to apply the entries with
+afterwards, so their failures stay failures here (tests/test_known.py applies the shipped table to them).
 """
 
 from __future__ import annotations
@@ -46,10 +49,10 @@ def main(argv=None) -> int:
         for name, case in pairs:
             r = results.get((backend, name, case.id))
             counts[(backend, name)][r["status"] if r else "not_run"] += 1
-    cols = ("passed", "failed", "declined", "reported", "error", "not_run")
+    cols = ("passed", "failed", "declined", "reported", "error", "not_run", "known")
     print("backend check run " + " ".join(cols))
     for (backend, check), c in sorted(counts.items()):
-        ran = c["passed"] + c["failed"] + c["reported"] + c["error"]
+        ran = c["passed"] + c["failed"] + c["reported"] + c["error"] + c["known"]
         print(f"{backend} {check} {ran} " + " ".join(str(c[k]) for k in cols))
     for r in results.values():
         if r["status"] in ("failed", "error"):

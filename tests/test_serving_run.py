@@ -25,10 +25,11 @@ def test_interleave_keeps_each_ops_order_and_every_case():
     assert [(c.op, c.seqlens[0]) for c in out] == [("gdn", 1), ("kda", 4), ("gdn", 2), ("kda", 5), ("gdn", 3)]
 
 
-def test_table_counts_run_as_passed_failed_reported_error():
+def test_table_counts_run_as_passed_failed_reported_error_known():
     rows = [{"backend": "b", "check": "causality", "status": s} for s in
-            ("passed", "passed", "failed", "declined", "error", "not_run", "reported")]
-    assert serving_run.table(rows).splitlines()[1] == "b causality 5 2 1 1 1 1 1"
+            ("passed", "passed", "failed", "declined", "error", "not_run", "reported", "known")]
+    assert serving_run.table(rows).splitlines()[0].endswith(" not_run known")
+    assert serving_run.table(rows).splitlines()[1] == "b causality 6 2 1 1 1 1 1 1"
 
 
 def test_shards_split_the_cases_whole_and_cover_them_once():

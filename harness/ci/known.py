@@ -12,8 +12,10 @@ A table ships with the project (``harness/ci/known_issues.toml``); users add fil
     versions = { nvidia-cudnn-frontend = ">=1.30,<1.33" }   # optional: PEP 440 specifiers per package
     sm = [90]                                      # optional (an extension): GPU architectures it is seen on
     where = "extreme"                              # a -k expression over case ids
-    checks = ["forward", "state"]                  # optional: only these checks (default: every check); names
-                                                   # as harness.task.checks_for gives them (CHECK_NAMES)
+    checks = ["forward", "state"]                  # optional: only these checks (default: every check of
+                                                   # `deltacheck run`, CHECK_NAMES, as harness.task.checks_for
+                                                   # gives them); a serving check (SERVING_CHECK_NAMES) only
+                                                   # where named
     error_contains = "invalid sequence lengths"   # optional: match checks that ERRORED with this in their
                                                    # message (the library raised), instead of failing checks
     reason = "all-NaN output under steep decay, no decline"
@@ -26,6 +28,9 @@ Values are validated, not only keys: an unknown op, check name or backend is ref
 the entry and the valid values), since such an entry could never match and strict mode could never flag it. The
 backend is checked where the run's backends are known (``load_known_issues(..., backends=...)``): a registered
 name, the ``name`` of a backend of the run, or a ``pkg.mod:attr`` spec (accepted as is).
+The serving checks (``python -m deltacheck.harness.run.serving_run``) use the same entries, through the same
+functions (``mark_known``, ``outcomes``): an entry covers a serving check only where its ``checks`` names it, so an
+entry whose evidence is ``deltacheck run``'s checks says nothing about the serving checks' different calls.
 Strict, like pytest's ``xfail_strict``: a case an entry matches whose in-scope checks all pass fails the run
 with "known issue no longer reproduces". docs/required-mode.md and docs/run-directory.md describe the rest.
 """
@@ -58,6 +63,11 @@ _REQUIRED = ("id", "backend", "op", "where", "reason", "evidence")
 # Every check name a task can owe (harness.task.checks_for; grad_<input> for each input grad_inputs can list).
 CHECK_NAMES = ("forward", "state", "continuation_ref", "continuation_self", "determinism",
                *(f"grad_{n}" for n in ("q", "k", "v", "g", "beta", "w", "initial_state", "a_log", "dt_bias")))
+# The serving checks' names (judge.serving_checks.SERVING_CHECKS, judge.invariance_checks.INVARIANCE_CHECKS), which
+# speak "passed" / "failed" where a task's checks say "pass" / "fail".
+SERVING_CHECK_NAMES = ("pool_integrity", "decode_chain", "speculative", "checkpoints", "causality", "graph_replay",
+                       "batch_invariance")
+_FAILED, _PASSED = ("fail", "failed"), ("pass", "passed")
 
 
 class KnownIssuesError(ValueError):
@@ -91,7 +101,7 @@ class KnownIssue:
         return compile_k(self.where)(case.id)
 
     def covers(self, check: str) -> bool:
-        return not self.checks or check in self.checks
+        return check in self.checks if self.checks else check not in SERVING_CHECK_NAMES
 
     def explains(self, result) -> bool:
         """Whether this entry turns ``result`` (of a case it applies to) into ``known``: a failing check it covers,
@@ -100,7 +110,7 @@ class KnownIssue:
             return False
         if self.error_contains:
             return result.status == "error" and self.error_contains in (result.reason or "")
-        return result.status == "fail"
+        return result.status in _FAILED
 
 
 def _version_key(package: str) -> str:
@@ -145,10 +155,10 @@ def _entry(raw: Mapping, where: str, seen: dict[str, str]) -> KnownIssue:
         raise KnownIssuesError(f"{where}: error_contains must be a non-empty string (text of the error message)")
     if raw["op"] not in OPS:
         raise KnownIssuesError(f"{where}: op = {raw['op']!r} is not an op; ops are {', '.join(OPS)}")
-    bad = [c for c in checks if c not in CHECK_NAMES]
+    bad = [c for c in checks if c not in CHECK_NAMES + SERVING_CHECK_NAMES]
     if bad:
         raise KnownIssuesError(f"{where}: checks: {', '.join(map(repr, bad))} not a check name; checks are "
-                               f"{', '.join(CHECK_NAMES)}")
+                               f"{', '.join(CHECK_NAMES + SERVING_CHECK_NAMES)}")
     return KnownIssue(ident, raw["backend"], raw["op"], raw["where"], raw["reason"], raw["evidence"],
                       dict(versions), tuple(sm), tuple(checks), error_contains, source=where)
 
@@ -218,7 +228,7 @@ def applicable(issues: list[KnownIssue], case, spec: str, backend_name: str, env
 def mark_known(result, entries: list[KnownIssue]) -> None:
     """A failing check an entry covers (an errored one, for an ``error_contains`` entry whose text its message
     holds) becomes ``known`` (in place), its reason naming the entry."""
-    if result.status not in ("fail", "error"):
+    if result.status not in (*_FAILED, "error"):
         return
     issue = next((i for i in entries if i.explains(result)), None)
     if issue is not None:
@@ -234,7 +244,7 @@ def outcomes(results, entries: list[KnownIssue]) -> dict[str, str]:
         scoped = [r for r in results if issue.covers(r.check)]
         if any(r.metrics.get("known_issue") == issue.id for r in scoped):
             out[issue.id] = "reproduced"
-        elif scoped and {r.status for r in scoped} == {"pass"}:
+        elif scoped and {r.status for r in scoped} <= set(_PASSED):
             out[issue.id] = "gone"
         else:
             out[issue.id] = "not judged"

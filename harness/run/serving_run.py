@@ -10,6 +10,10 @@ processes split one backend's list. ``--resume FILE.jsonl`` keeps every result a
 not_run), runs only the rest and appends to FILE; a check that was in flight when an earlier process died (its pair in
 FILE.inflight) runs last, so a crash costs the rest of the list nothing. Each result carries the case id, so a failure
 reproduces with ``serving_checks.<check>(get_backend(name), Case.from_id(id), probe_env(), device)``.
+
+Known issues (``harness/ci/known_issues.toml``, ``DELTACHECK_KNOWN_ISSUES``, ``--known-issues FILE``) apply as in
+``deltacheck run``, through the same functions: a failing check an entry names becomes ``known``; a case whose
+checks in an entry's scope all pass is printed as "known issue no longer reproduces" and fails the run (strict).
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ import json
 import os
 import sys
 import time
+from types import SimpleNamespace
 
 from deltacheck.cases.serving import check_for, serving_cases
 
 from ..backends.base import backend_for
+from ..ci.known import applicable, format_known_report, mark_known, no_longer_reproduces, outcomes
 from ..judge.invariance_checks import INVARIANCE_CHECKS
 from ..judge.serving_checks import SERVING_CHECKS
 from ..machine.environment import probe_env
@@ -104,12 +110,39 @@ def load_done(path: str) -> tuple[list[dict], tuple | None]:
     return list(done.values()), inflight
 
 
+def apply_known(results: list[dict], issues, env, names=None) -> list[str]:
+    """The known-issue entries on serving results, as ``deltacheck run`` applies them (``ci.known``): per backend x
+    case, each result an applicable entry explains becomes ``known`` (in place, reason naming the entry); returns
+    the "no longer reproduces" line of every entry whose in-scope checks all passed on a case. ``names``: spec ->
+    the backend's ``name`` (an entry may name either); idempotent, so resumed results are judged the same."""
+    from deltacheck.cases.spec import Case
+
+    by_case: dict[tuple, list[dict]] = {}
+    for r in results:
+        by_case.setdefault((r["backend"], r["case"]), []).append(r)
+    gone = []
+    for (spec, case_id), rows in by_case.items():
+        entries = applicable(issues, Case.from_id(case_id), spec, (names or {}).get(spec, spec), env) if issues else []
+        if not entries:
+            continue
+        views = [SimpleNamespace(check=r["check"], status=r["status"], reason=r.get("reason", ""),
+                                 metrics=r.setdefault("numbers", {})) for r in rows]
+        for r, view in zip(rows, views):
+            mark_known(view, entries)
+            r["status"], r["reason"] = view.status, view.reason
+        sources = {i.id: i.source for i in entries}
+        gone += [no_longer_reproduces(i, case_id, spec, sources[i])
+                 for i, verdict in outcomes(views, entries).items() if verdict == "gone"]
+    return gone
+
+
 def run(backends, pairs, device: str, budget_s: float | None = None, stream=sys.stdout, lines=None,
-        done=(), inflight_path=None, last=None) -> list[dict]:
+        done=(), inflight_path=None, last=None, issues=()) -> list[dict]:
     """Every pair for every backend; ``budget_s`` per backend; ``lines``: a file each result is appended to as one
     JSON line the moment it exists (what a run killed by a timeout leaves). ``done``: results kept from an earlier
     run (their pairs are not run again); ``inflight_path``: a file holding the pair being checked, cleared when the
-    run ends; ``last``: a ``(backend, check, case)`` pair put at the end of its backend's list."""
+    run ends; ``last``: a ``(backend, check, case)`` pair put at the end of its backend's list. ``issues``: known-issue
+    entries, applied to each result before it is written (``apply_known``)."""
     env = probe_env()
     results = list(done)
     skip = {(r["backend"], r["check"], r["case"]) for r in done}
@@ -131,11 +164,12 @@ def run(backends, pairs, device: str, budget_s: float | None = None, stream=sys.
             result = fn(backend, case, env, device).as_dict()
             result["backend"] = spec
             result["seconds"] = round(time.monotonic() - t0, 3)
+            apply_known([result], issues, env, {spec: getattr(backend, "name", spec)})
             results.append(result)
             if lines is not None:
                 lines.write(json.dumps(result, default=str) + "\n")
                 lines.flush()
-            if result["status"] in ("failed", "error"):
+            if result["status"] in ("failed", "error", "known"):
                 print(f"{result['status'].upper()} {spec} {name} {case.id}: {result['reason']}", file=stream,
                       flush=True)
     if inflight_path and os.path.exists(inflight_path):
@@ -144,15 +178,15 @@ def run(backends, pairs, device: str, budget_s: float | None = None, stream=sys.
 
 
 def table(results: list[dict]) -> str:
-    """``backend check run passed failed declined reported error not_run`` per pair, run = passed + failed +
-    reported + error (a decline or a case past the budget did not run)."""
+    """``backend check run passed failed declined reported error not_run known`` per pair, run = passed + failed +
+    reported + error + known (a decline or a case past the budget did not run)."""
     counts = collections.defaultdict(collections.Counter)
     for r in results:
         counts[(r["backend"], r["check"])][r["status"]] += 1
-    cols = ("passed", "failed", "declined", "reported", "error", "not_run")
+    cols = ("passed", "failed", "declined", "reported", "error", "not_run", "known")
     lines = ["backend check run " + " ".join(cols)]
     for (backend, check), c in sorted(counts.items()):
-        ran = c["passed"] + c["failed"] + c["reported"] + c["error"]
+        ran = c["passed"] + c["failed"] + c["reported"] + c["error"] + c["known"]
         lines.append(f"{backend} {check} {ran} " + " ".join(str(c[k]) for k in cols))
     return "\n".join(lines)
 
@@ -171,8 +205,17 @@ def main(argv=None) -> int:
     parser.add_argument("--shard", default=None, metavar="I/N", help="every N-th case, from the I-th (1..N)")
     parser.add_argument("--resume", default=None, metavar="FILE.jsonl",
                         help="keep the results in FILE, run the rest, append to FILE")
+    parser.add_argument("--known-issues", action="append", default=[], metavar="FILE",
+                        help="known-issue entries (as deltacheck run's), after the shipped table and "
+                             "DELTACHECK_KNOWN_ISSUES")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    from ..ci.known import KnownIssuesError, known_issue_paths, load_known_issues, run_backend_names
+
+    try:
+        issues = load_known_issues(known_issue_paths(args.known_issues), backends=run_backend_names(args.backend))
+    except KnownIssuesError as exc:
+        parser.error(str(exc))
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -194,12 +237,16 @@ def main(argv=None) -> int:
     else:
         lines = open(args.out + "l", "w") if args.out else None
     results = run(args.backend, pairs, device, args.budget_s, lines=lines, done=done, inflight_path=inflight,
-                  last=last)
+                  last=last, issues=issues)
+    names = {spec: getattr(backend_for(spec), "name", spec) for spec in args.backend}
+    gone = apply_known(results, issues, probe_env(), names)  # the kept results too, and the strict verdict
     print(table(results))
+    if gone:
+        print(format_known_report(gone))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1, default=str)
-    return 1 if any(r["status"] in ("failed", "error") for r in results) else 0
+    return 1 if gone or any(r["status"] in ("failed", "error") for r in results) else 0
 
 
 if __name__ == "__main__":
