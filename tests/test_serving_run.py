@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from deltacheck.cases.spec import Case
 from deltacheck.harness.ci.tiers import select
 from deltacheck.harness.run import serving_run
@@ -40,6 +42,13 @@ def test_shards_split_the_cases_whole_and_cover_them_once():
     assert not (ids[0] & ids[1]) and not (ids[1] & ids[2]) and not (ids[0] & ids[2])
     assert all(len(part) == 2 * len(i) for part, i in zip(parts, ids))  # both checks of a case in one shard
 
+
+
+@pytest.mark.parametrize("spec", ["x", "0/3", "4/3", "1/2/3"])
+def test_a_malformed_shard_is_a_usage_error_that_names_it(spec, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        serving_run.main(["--backend", "oracle", "--device", "cpu", "--checks", "causality", "--shard", spec])
+    assert exit_.value.code == 2 and f"--shard {spec}" in capsys.readouterr().err.replace("'", "")
 
 def test_resume_keeps_results_runs_the_rest_and_defers_the_pair_that_died(tmp_path, monkeypatch):
     cases = [Case(op="gdn", seqlens=(n,)) for n in (3, 4, 5)]

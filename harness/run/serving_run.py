@@ -80,7 +80,10 @@ def interleave_ops(cases: list) -> list:
 
 def shard(pairs: list, spec: str) -> list:
     """The pairs of every N-th case (``spec`` "I/N", I = 1..N), in order; a case's checks stay in one shard."""
-    i, n = (int(x) for x in spec.split("/"))
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {spec!r}: expected I/N, two integers, e.g. 2/3") from None
     if not 1 <= i <= n:
         raise ValueError(f"--shard {spec}: I must be 1..N")
     order = list(dict.fromkeys(case.id for _, case in pairs))
@@ -227,7 +230,10 @@ def main(argv=None) -> int:
         parser.error(f"--checks: unknown {unknown}; known: {', '.join(ALL_CHECKS)}")
     pairs = plan_cases(args.case, checks) if args.case else plan(args.tier, args.serving_tier, checks, args.op)
     if args.shard:
-        pairs = shard(pairs, args.shard)
+        try:
+            pairs = shard(pairs, args.shard)
+        except ValueError as bad:  # a usage error, not a traceback
+            parser.error(str(bad))
     done, last, inflight = [], None, None
     if args.resume:  # results -> FILE, appended; without it results.json -> results.jsonl, line by line
         done, last = load_done(args.resume)
