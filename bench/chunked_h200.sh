@@ -37,7 +37,7 @@ for i in $(seq 0 $((NS - 1))); do
   timeout 120 python3 bench/fla_warm.py --slice "$i/$NS" > "$R/warm-slice$i.log" 2>&1 &
   PIDS+=($!)
 done
-timeout 90 python3 bench/chunked_sweep.py --variants main,copies,qkdot --exact-only --json "$R/exact.json" \
+timeout 90 python3 bench/chunked_sweep.py --variants main,copies --exact-only --json "$R/exact.json" \
   > "$R/exact.log" 2>&1
 RC=$?; echo "[$(el) s] exactness rc=$RC" | tee -a "$R/steps.log"
 wait "${PIDS[@]}"
@@ -65,7 +65,7 @@ LEFT=$(( 325 - $(el) ))
 if [ "$LEFT" -gt 25 ]; then
   mkdir -p bench/_origin_ref && cp ../../reference/chunked*.py bench/_origin_ref/ && touch bench/_origin_ref/__init__.py
   md5sum ../../reference/chunked*.py reference/chunked*.py > "$R/origin-md5.txt" 2>&1
-  timeout "$LEFT" python3 bench/chunked_sweep.py --variants origin,main,copies,no-views,no-direct,qkdot --reps 5 \
+  timeout "$LEFT" python3 bench/chunked_sweep.py --variants origin,main,copies,no-views,no-direct --reps 5 \
     --settle 2 --profile --profile-variant main --compile --budget-s $(( LEFT - 20 )) --json "$R/steps.json" > "$R/steps-sweep.log" 2>&1
   RC=$?; echo "[$(el) s] steps sweep rc=$RC" | tee -a "$R/steps.log"
 fi

@@ -103,12 +103,10 @@ VARIANTS = {
     "gb-bwd24-keep": ({"graph_backward": True}, {(_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 24 * MIB,
                                                  (_R, "KEEP_LAST"): True}),
     "gb-s1-keep": ({"graph_backward": True}, {(_S, "HANDOFF_SLICES"): 1, (_R, "KEEP_LAST"): True}),
-    # issue 28's byte cuts, one at a time (h28): the recompute's kept inputs as views, gradients written in place,
-    # M's diagonal as one batched matmul on CUDA
+    # issue 28's byte cuts, one at a time (h28): the recompute's kept inputs as views, gradients written in place
     "no-views": ({}, {(_I, "KEEP_VIEWS"): False}),
     "no-direct": ({}, {(_S, "DIRECT_GRADS"): False}),
     "copies": ({}, {(_I, "KEEP_VIEWS"): False, (_S, "DIRECT_GRADS"): False}),
-    "qkdot": ({}, {(_I, "DOT_MATMUL"): True}),
     "gfgb16-c128": ({"graph_forward": True, "graph_backward": True, "chunk_size": 128},
                     {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 16 * MIB, (_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
 }

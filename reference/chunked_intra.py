@@ -144,21 +144,8 @@ GROUP_TOKENS = 16  # levels 1 < s < GROUP_TOKENS / 2 take their blocks from one 
 
 
 # With KEEP_VIEWS the backward's recompute (keep=True) builds kq as the forward does, straight into its buffer, and
-# keeps v, w, b as chunk-layout views of the inputs instead of copies (bit for bit the same values). With DOT_MATMUL,
-# on CUDA, M's diagonal q_i . k_i is one batched matmul over the tokens instead of a product and a sum.
+# keeps v, w, b as chunk-layout views of the inputs instead of copies (bit for bit the same values).
 KEEP_VIEWS = True
-DOT_MATMUL = False
-
-
-def _row_dots(q, k):
-    """``q_i . k_i`` of ``[N, Ls, H, K]`` inputs as ``[N, Ls, H, 1]``."""
-    if DOT_MATMUL and cuda_shapes(q):
-        try:
-            K = q.shape[-1]
-            return torch.bmm(q.view(-1, 1, K), k.view(-1, K, 1)).view(*q.shape[:-1], 1)
-        except RuntimeError:  # not viewable as one batch (a slice of a longer input): the plain form
-            pass
-    return (q * k).sum(-1, keepdim=True)
 
 
 def cuda_shapes(x) -> bool:
@@ -222,7 +209,7 @@ def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False, q_scale=None)
     pre_scaled = scaled and fast and not keep  # kq will hold the rows of level 1 (kq * exp(g)) at once
     # M's diagonal q_i . k_i: products rounded to the dtype, then summed (as a plain implementation; in fp64 as
     # good as a matmul's dot). With pre_scaled, from the inputs, first, while nothing else is allocated.
-    qk = chunk_view(_row_dots(q, k), C).reshape(B, C) if pre_scaled else None
+    qk = chunk_view((q * k).sum(-1, keepdim=True), C).reshape(B, C) if pre_scaled else None
     eg = to_chunks(g.to(gate_dtype), C, fn=torch.exp)  # [B, C, Kg] exp(g) <= 1
     Kg = eg.shape[-1]
     views = keep and fast and KEEP_VIEWS  # the backward reads v, w, b through views of the inputs
