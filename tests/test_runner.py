@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from child_env import ENV, HANG_GUARD_S, TESTS
+from child_env import ENV, HANG_GUARD_S, TESTS, run_child
 
 from deltacheck.harness.ci.tiers import select
 from deltacheck.harness.cli import main as cli_main
@@ -132,7 +132,7 @@ def pytest_outcome(spec, k, require, limit=2):
             "--dc-backend", spec, "--dc-limit", str(limit), "--dc-reference", "oracle", "--dc-no-baseline"]
     if k:
         argv += ["--dc-k", k]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S, cwd=TESTS.parent)
+    proc = run_child(argv, env=env, cwd=TESTS.parent)  # forked: the plugin's side of the agreement, not Python's start
     return proc.returncode, proc.stdout + proc.stderr
 
 
