@@ -4,13 +4,12 @@ CLI and the pytest plugin giving the same verdict, and the shipped table against
 from __future__ import annotations
 
 import os
-import sys
 import textwrap
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from child_env import ENV, TESTS, run_child
+from child_env import ENV, PYTEST, TESTS, run_child
 
 from deltacheck.cases import Case
 from deltacheck.harness.ci.known import (
@@ -256,7 +255,7 @@ def cli_outcome(run_cli, tmp_path, known: Path, backend: str = "NaNOnOneCase"):
 
 
 def pytest_outcome(known: Path, backend: str = "NaNOnOneCase"):
-    argv = [sys.executable, "-m", "pytest", str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider", "-rxX",
+    argv = [*PYTEST, str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider", "-rxX",
             "--dc-backend", f"fake_backends:{backend}", "--dc-limit", "3", "--dc-k", SELECTION,
             "--dc-reference", "oracle", "--dc-no-baseline"]
     proc = run_child(argv, env=dict(ENV, DELTACHECK_KNOWN_ISSUES=str(known)), cwd=TESTS.parent)

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import errno
 import json
-import sys
 from pathlib import Path
 
 import pytest
-from child_env import ENV, TESTS, run_child
+from child_env import ENV, PYTEST, TESTS, run_child
 from test_reports_compare import result, write_run
 from test_runner import CASE_IDS, records, run
 
@@ -110,7 +109,7 @@ def test_a_required_pair_naming_an_unknown_backend_or_op_is_a_configuration_erro
 
 
 def _pytest(*argv):
-    cmd = [sys.executable, "-m", "pytest", str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider", *argv]
+    cmd = [*PYTEST, str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider", *argv]
     return run_child(cmd, env=ENV, cwd=TESTS.parent, timeout=600)
 
 

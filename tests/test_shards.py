@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from child_env import ENV, HANG_GUARD_S, TESTS, run_child
+from child_env import ENV, HANG_GUARD_S, PYTEST, TESTS, run_child
 
 from deltacheck.cases import Case
 from deltacheck.harness.ci import shards
@@ -256,7 +256,7 @@ def test_a_shard_leaves_a_required_pair_it_has_no_case_of_to_the_other_shards(tm
 
 
 def pytest_ids(*extra: str, env=None) -> tuple[int, list[str], str]:
-    argv = [sys.executable, "-m", "pytest", str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider",
+    argv = [*PYTEST, str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider",
             "--collect-only", *extra]
     proc = run_child(argv, env=env or ENV, cwd=TESTS.parent)
     ids = [line.split("[", 1)[1].rsplit("]", 1)[0] for line in proc.stdout.splitlines() if "::test_matrix[" in line]
@@ -281,7 +281,7 @@ def test_a_malformed_dc_shard_is_a_usage_error():
 
 def test_a_pytest_shard_leaves_a_required_pair_it_has_no_case_of_to_the_other_shards():
     n, i, op = shard_lacking_an_op()
-    argv = [sys.executable, "-m", "pytest", str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider",
+    argv = [*PYTEST, str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider",
             "--dc-backend", "chunked", "--dc-reference", "oracle", "--dc-no-baseline", "--dc-k", SMALL_K]
     env = {**ENV, "DELTACHECK_REQUIRE": f"chunked:{op}"}
     lacking = run_child([*argv, "--dc-shard", f"{i}/{n}"], env=env, cwd=TESTS.parent)
