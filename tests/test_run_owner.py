@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import sys
 from pathlib import Path
 
 import pytest
