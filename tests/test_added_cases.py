@@ -68,7 +68,7 @@ def test_safe_gate_backward_on_multi_chunk_sequences_for_kda_and_gdn2(tier, min_
 
 def test_the_added_cases_come_last_and_leave_every_earlier_case_as_it_was(monkeypatch):
     envelopes = target_envelopes()
-    full = matrix_module.tier_cases("L0", envelopes)
+    full = tier_cases("L0")  # the generator over these envelopes, as it runs (read from the suite's tier cache)
     monkeypatch.setattr(added, "minimal_dims_cases", lambda *a, **k: [])
     monkeypatch.setattr(added, "safe_gate_backward_cases", lambda *a, **k: [])
     monkeypatch.setattr(added, "guard_separation_cases", lambda *a, **k: [])

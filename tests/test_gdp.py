@@ -80,10 +80,11 @@ def test_every_tier_covers_gdp_pairwise_over_its_own_axes(tier):
 def test_generating_gdp_leaves_every_other_case_as_it_was(monkeypatch):
     """GDP's arrays draw from their own seeds: without them the other ops' cases are the same, in the same order (a
     run directory or a compare across the change still lines up)."""
-    from deltacheck.harness.ci.tiers import target_envelopes
+    from deltacheck.harness.ci import tiers
 
-    envelopes = target_envelopes()
-    with_gdp = {tier: matrix.tier_cases(tier, envelopes) for tier in ("L0", "L2")}
+    envelopes = tiers.target_envelopes()
+    # the tiers as they run: generated over these envelopes, read from the suite's tier cache when another test made them
+    with_gdp = {tier: tiers.tier_cases(tier) for tier in ("L0", "L2")}
     monkeypatch.setattr(matrix, "HOUSEHOLDER_OPS", ())
     monkeypatch.setattr(matrix, "GDP_CASES", ())
     matrix._reference_tier.cache_clear()

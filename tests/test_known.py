@@ -4,14 +4,12 @@ CLI and the pytest plugin giving the same verdict, and the shipped table against
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from child_env import ENV, HANG_GUARD_S, TESTS
+from child_env import ENV, PYTEST, TESTS, run_child
 
 from deltacheck.cases import Case
 from deltacheck.harness.ci.known import (
@@ -257,11 +255,10 @@ def cli_outcome(run_cli, tmp_path, known: Path, backend: str = "NaNOnOneCase"):
 
 
 def pytest_outcome(known: Path, backend: str = "NaNOnOneCase"):
-    argv = [sys.executable, "-m", "pytest", str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider", "-rxX",
+    argv = [*PYTEST, str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider", "-rxX",
             "--dc-backend", f"fake_backends:{backend}", "--dc-limit", "3", "--dc-k", SELECTION,
             "--dc-reference", "oracle", "--dc-no-baseline"]
-    proc = subprocess.run(argv, env=dict(ENV, DELTACHECK_KNOWN_ISSUES=str(known)), capture_output=True, text=True,
-                          timeout=HANG_GUARD_S, cwd=TESTS.parent)
+    proc = run_child(argv, env=dict(ENV, DELTACHECK_KNOWN_ISSUES=str(known)), cwd=TESTS.parent)
     return proc.returncode, proc.stdout + proc.stderr
 
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import errno
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from child_env import ENV, TESTS
+from child_env import ENV, PYTEST, TESTS, run_child
 from test_reports_compare import result, write_run
 from test_runner import CASE_IDS, records, run
 
@@ -111,8 +110,8 @@ def test_a_required_pair_naming_an_unknown_backend_or_op_is_a_configuration_erro
 
 
 def _pytest(*argv):
-    cmd = [sys.executable, "-m", "pytest", str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider", *argv]
-    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600, cwd=TESTS.parent)
+    cmd = [*PYTEST, str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider", *argv]
+    return run_child(cmd, env=ENV, cwd=TESTS.parent, timeout=600)
 
 
 @pytest.mark.parametrize("argv, says", [

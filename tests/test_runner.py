@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from child_env import ENV, HANG_GUARD_S, TESTS
+from child_env import ENV, HANG_GUARD_S, PYTEST, TESTS, run_child
 
 from deltacheck.harness.ci.tiers import select
 from deltacheck.harness.cli import main as cli_main
@@ -128,11 +128,11 @@ def cli_outcome(run_cli, spec, k, require, tmp_path, limit=2):
 
 def pytest_outcome(spec, k, require, limit=2):
     env = dict(ENV, DELTACHECK_REQUIRE=require) if require else dict(ENV)
-    argv = [sys.executable, "-m", "pytest", str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider",
+    argv = [*PYTEST, str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider",
             "--dc-backend", spec, "--dc-limit", str(limit), "--dc-reference", "oracle", "--dc-no-baseline"]
     if k:
         argv += ["--dc-k", k]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S, cwd=TESTS.parent)
+    proc = run_child(argv, env=env, cwd=TESTS.parent)  # forked: the plugin's side of the agreement, not Python's start
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -411,11 +411,11 @@ def test_sigterm_ends_a_parallel_run_keeping_every_judged_check_and_no_worker(tm
     assert not [r for r in recs if r["kind"] == "result" and r["status"] != "pass"]
 
 
-def test_a_report_reads_worker_files_a_killed_run_never_folded(tmp_path, monkeypatch):
+def test_a_report_reads_worker_files_a_killed_run_never_folded(tmp_path):
     from deltacheck.reports.load import load_run
 
-    monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])
-    _, run_dir = run(["fake_backends:Working"], tmp_path, in_process=False, jobs=2)
+    # the records of a finished run (in this process: the worker files below are written by hand, as a kill leaves them)
+    _, run_dir = run(["fake_backends:Working"], tmp_path)
     lines = (run_dir / "results.jsonl").read_text().splitlines()
     head = [ln for ln in lines if json.loads(ln)["kind"] in ("run", "gate")]
     body = [ln for ln in lines if json.loads(ln)["kind"] == "result"]

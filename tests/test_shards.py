@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from child_env import ENV, HANG_GUARD_S, TESTS
+from child_env import ENV, HANG_GUARD_S, PYTEST, TESTS, run_child
 
 from deltacheck.cases import Case
 from deltacheck.harness.ci import shards
@@ -256,9 +256,9 @@ def test_a_shard_leaves_a_required_pair_it_has_no_case_of_to_the_other_shards(tm
 
 
 def pytest_ids(*extra: str, env=None) -> tuple[int, list[str], str]:
-    argv = [sys.executable, "-m", "pytest", str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider",
+    argv = [*PYTEST, str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider",
             "--collect-only", *extra]
-    proc = subprocess.run(argv, env=env or ENV, capture_output=True, text=True, timeout=HANG_GUARD_S, cwd=TESTS.parent)
+    proc = run_child(argv, env=env or ENV, cwd=TESTS.parent)
     ids = [line.split("[", 1)[1].rsplit("]", 1)[0] for line in proc.stdout.splitlines() if "::test_matrix[" in line]
     return proc.returncode, ids, proc.stdout + proc.stderr
 
@@ -281,14 +281,12 @@ def test_a_malformed_dc_shard_is_a_usage_error():
 
 def test_a_pytest_shard_leaves_a_required_pair_it_has_no_case_of_to_the_other_shards():
     n, i, op = shard_lacking_an_op()
-    argv = [sys.executable, "-m", "pytest", str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider",
+    argv = [*PYTEST, str(TESTS / "test_matrix.py"), "-q", "-p", "no:cacheprovider",
             "--dc-backend", "chunked", "--dc-reference", "oracle", "--dc-no-baseline", "--dc-k", SMALL_K]
     env = {**ENV, "DELTACHECK_REQUIRE": f"chunked:{op}"}
-    lacking = subprocess.run([*argv, "--dc-shard", f"{i}/{n}"], env=env, capture_output=True, text=True,
-                             timeout=HANG_GUARD_S, cwd=TESTS.parent)
+    lacking = run_child([*argv, "--dc-shard", f"{i}/{n}"], env=env, cwd=TESTS.parent)
     assert lacking.returncode == 0, lacking.stdout + lacking.stderr
-    unsharded_without = subprocess.run([*argv[:-1], f"{SMALL_K} and not {op}-"], env=env, capture_output=True,
-                                       text=True, timeout=HANG_GUARD_S, cwd=TESTS.parent)
+    unsharded_without = run_child([*argv[:-1], f"{SMALL_K} and not {op}-"], env=env, cwd=TESTS.parent)
     assert unsharded_without.returncode == 1 and "REQUIRED" in unsharded_without.stdout
 
 
