@@ -40,6 +40,10 @@ S5_ENV=${S5_ENV:-$R/bench/s5_env.sh}
 # shellcheck disable=SC1090
 source "$S5_ENV"
 export PYTHONUNBUFFERED=1 DELTACHECK_CACHE_DIR=${DELTACHECK_CACHE_DIR:-/tmp/s5-cache}
+# TileLang logs each JIT phase it runs (tilelang/jit/diagnostics.py: "TileLang JIT phase done: cache.compile
+# elapsed=...s ... cache_key=..., kernel=..."): what the cold pass compiled, for how long, and whether two workers
+# built one kernel (bench/i25_tilelang_compiles.py reads the logs). Logging only: no cache key or build changes.
+export TILELANG_JIT_DIAGNOSTICS=${TILELANG_JIT_DIAGNOSTICS:-1}
 W=${D25_WORK:-/tmp/d25-s5}
 # A fresh machine has lost /tmp: PREV=<an earlier call's d25-S5.tgz, carried> brings its run directories back, so
 # the runs continue with --resume (cold caches, same environment).
