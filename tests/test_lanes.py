@@ -100,3 +100,40 @@ def test_without_families_a_pass_is_one_run_as_before(tmp_path, monkeypatch):
     assert [run.argv[i + 1] for i, x in enumerate(run.argv) if x == "--backend"] == list(lanes.LANES_DEFAULT)
     row, = json.loads(report.read_text())
     assert row["exit"] == 0 and row["tasks"] == 2 and row["families"] == {}
+
+
+def _bench(name):
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}_test", REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tilelang_compile_log_is_counted_per_kernel_and_a_key_built_twice_is_found(tmp_path):
+    """bench/i25_tilelang_compiles.py over TileLang 0.1.15's JIT diagnostics lines (jit/diagnostics.py's format:
+    the context fields sorted, values repr'd): compiles, distinct keys, the seconds a key built twice cost."""
+    tl = _bench("i25_tilelang_compiles")
+
+    def line(phase, seconds, key, kernel, done=True):
+        return (f"2026-12-02 18:30:01  [TileLang:tilelang.jit.diagnostics:INFO] (diagnostics.py:44): TileLang JIT "
+                f"phase {'done' if done else 'failed'}: {phase} elapsed={seconds:.3f}s backend='tvm_ffi', "
+                f"cache_key='{key}', cache_path='/tmp/c/{key}', kernel='{kernel}', target='cuda -arch=sm_90', "
+                f"target_host=None\n")
+
+    log = tmp_path / "A-cold.log"
+    log.write_text("".join([
+        "[1/10] 10% ETA ?  unrelated progress line\n",
+        line("lower", 9.0, "k1", "tilelang_fused_chunk_gdr_fwd_kernel"),
+        line("cache.compile", 10.0, "k1", "tilelang_fused_chunk_gdr_fwd_kernel"),
+        line("cache.compile", 12.0, "k1", "tilelang_fused_chunk_gdr_fwd_kernel"),  # a second worker, same key
+        line("cache.compile", 30.0, "k2", "kernel"),
+        line("cache.compile", 5.0, "k3", "kernel", done=False),
+    ]))
+    s = tl.summarize(tl.phases(log.read_text().splitlines()))
+    assert s["compiles"] == 3 and s["distinct_keys"] == 2 and s["failed"] == 1
+    assert s["phases"]["lower"] == {"count": 1, "seconds": 9.0}
+    assert s["built_again"] == {"keys": 1, "extra_compiles": 1, "extra_seconds": 10.0}
+    assert s["kernels"]["kernel"]["seconds"] == 30.0 and s["kernels"]["tilelang_fused_chunk_gdr_fwd_kernel"]["count"] == 2
+    out = subprocess.run(["python3", str(REPO / "bench" / "i25_tilelang_compiles.py"), str(log)], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.startswith("TileLang: 3 kernel compiles (2 distinct cache keys), 1 failed phases")
