@@ -25,7 +25,7 @@
 # TileLang's and tvm-ffi's caches go under it (harness/records/cachedir.py), and the CuTe DSL's (CUTE_DSL_CACHE_DIR,
 # set here). logs/jit-cache-MODE.txt lists the TileLang kernels built (time, size) and counts Triton's.
 # $OUT/d25-S5.tgz (run directories, logs, `deltacheck env` of both environments, walls.tsv, progress, cache sizes) is
-# re-packed every 20 s and at the end, at most 15 MiB (files over 2 MiB are left out if it would be larger).
+# re-packed every 20 s and at the end, at most 15 MiB (big logs slimmed first, see snap).
 set -u
 MODE=${1:-cold}
 R=$PWD; T0=$(date +%s)
@@ -57,13 +57,22 @@ finished() { [ -n "$1" ] && grep -q '"kind": "end"' "$1/results.jsonl" 2>/dev/nu
 latest() { ls -d "$W/runs/$1"/*/ 2>/dev/null | sort | tail -1 | sed 's:/$::'; }
 ntasks() { local d; d=$(latest "$1"); [ -z "$d" ] && { echo 0; return; }; cat "$d"/results*.jsonl 2>/dev/null | grep -c '"kind": "task"'; }
 
-# snap: everything under $W into $OUT/d25-S5.tgz, packed aside first so the file is never torn; files over 2 MiB
-# are left out when the whole would pass 15 MiB.
+# snap: everything under $W into $OUT/d25-S5.tgz, packed aside first so the file is never torn. Past 15 MiB, a log
+# over 2 MiB goes in as NAME.slim (its TileLang compile lines, the script's and the run's own lines, errors) instead;
+# still past it, every file over 2 MiB but the results is left out.
 snap() {
-  local t="$W.snap$1.tgz" big="$W.big$1"
+  local t="$W.snap$1.tgz" big="$W.big$1" f
   tar -czf "$t" -C "$(dirname "$W")" "$(basename "$W")" 2>/dev/null
   if [ "$(stat -c %s "$t" 2>/dev/null || echo 0)" -gt 15728640 ]; then
-    (cd "$(dirname "$W")" && find "$(basename "$W")" -type f -size +2M) > "$big"
+    (cd "$(dirname "$W")" && find "$(basename "$W")/logs" -type f -name '*.log' -size +2M) > "$big"
+    while read -r f; do
+      grep -E "TileLang JIT phase|rc=|results:|NOTHING RAN|Error|Traceback|deltacheck run" "$(dirname "$W")/$f" \
+        | tail -n 30000 > "$(dirname "$W")/$f.slim"
+    done < "$big"
+    tar -czf "$t" -C "$(dirname "$W")" -X "$big" "$(basename "$W")" 2>/dev/null
+  fi
+  if [ "$(stat -c %s "$t" 2>/dev/null || echo 0)" -gt 15728640 ]; then
+    (cd "$(dirname "$W")" && find "$(basename "$W")" -type f -size +2M ! -name 'results*.jsonl') > "$big"
     tar -czf "$t" -C "$(dirname "$W")" -X "$big" "$(basename "$W")" 2>/dev/null
   fi
   mv -f "$t" "$OUT/d25-S5.tgz"
