@@ -1,5 +1,6 @@
 """Results per served path: for a backend that records which implementation served a call (``metrics.engine``:
-cuDNN's selected engine, fla-dispatch's FLA dispatch choice), how many cases each path ran, passed and failed.
+cuDNN's selected engine, fla-dispatch's FLA dispatch choice; ``metrics.path``: FlashInfer's SM90 prefill kernel,
+``cp`` or ``chunked``, shown as ``cp path`` / ``chunked path``), how many cases each path ran, passed and failed.
 
 A case's forward path is its ``forward`` result's engine, and every check of the case that is not a gradient is
 counted under it (state and continuation checks come from the same calls); the gradients are counted under the
@@ -17,6 +18,13 @@ def _worst(statuses: list[str]) -> str:
     return max(statuses, key=lambda s: _RANK.get(s, 5)) if statuses else "skip"
 
 
+def served_by(metrics: dict[str, Any]) -> str | None:
+    """The implementation a result records as having served its call, or None when it records none."""
+    if metrics.get("engine") is not None:
+        return str(metrics["engine"])
+    return f"{metrics['path']} path" if metrics.get("path") else None
+
+
 def served_paths(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows (backend, op, direction, engine, cases, pass, fail, known, skip, error), for the pairs whose forward
     results record an engine; empty when none does."""
@@ -26,14 +34,14 @@ def served_paths(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     for (backend, op, _case), rs in by_case.items():
         forward = next((r for r in rs if r["check"] == "forward"), None)
-        engine = (forward or {}).get("metrics", {}).get("engine")
+        engine = served_by((forward or {}).get("metrics") or {})
         if engine is None:
             continue
         grads = [r for r in rs if r["check"].startswith("grad_") and r["status"] != "skip"]
         others = [r for r in rs if not r["check"].startswith("grad_")]
         parts = [("forward", str(engine), others)]
         if grads:
-            parts.append(("backward", str(grads[0]["metrics"].get("engine") or engine), grads))
+            parts.append(("backward", served_by(grads[0].get("metrics") or {}) or engine, grads))
         for direction, path, group in parts:
             row = rows.setdefault((backend, op, direction, path), {
                 "backend": backend, "op": op, "direction": direction, "engine": path, "cases": 0,

@@ -187,3 +187,19 @@ def test_the_served_prefill_path_is_flashinfers_own_routing(open_gate):
     backend.run(wide, make_inputs(wide))
     assert backend.served() == {"path": "chunked"}
     assert fi_backend(decode=True).served() == {}
+
+
+def test_reports_count_cases_per_served_prefill_path(open_gate):
+    """summary.md's 'Results per served path' shows FlashInfer's cp and chunked prefill kernels apart (issue 25:
+    results per served path), from the path each forward result records."""
+    from deltacheck.reports.served import served_paths
+
+    runner = CaseRunner(RunOptions(reference="oracle"))
+    backend = fi_backend()
+    records = []
+    for case in (PREFILL[0], PREFILL[0].replace(seqlens=(1,) * 17)):  # 16 and 68 sequence-heads: cp, chunked
+        for r in runner.run(case, backend, backend.name, backend.check(case, ENV)):
+            records.append({"backend": backend.name, "op": case.op, "case": case.id, "check": r.check,
+                            "status": r.status, "metrics": dict(r.metrics)})
+    rows = {(r["direction"], r["engine"]): (r["cases"], r["pass"]) for r in served_paths(records)}
+    assert rows == {("forward", "cp path"): (1, 1), ("forward", "chunked path"): (1, 1)}

@@ -100,3 +100,81 @@ def test_without_families_a_pass_is_one_run_as_before(tmp_path, monkeypatch):
     assert [run.argv[i + 1] for i, x in enumerate(run.argv) if x == "--backend"] == list(lanes.LANES_DEFAULT)
     row, = json.loads(report.read_text())
     assert row["exit"] == 0 and row["tasks"] == 2 and row["families"] == {}
+
+
+def _bench_file(path: Path):
+    spec = importlib.util.spec_from_file_location(f"_bench_{path.stem}_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _bench(name):
+    return _bench_file(REPO / "bench" / f"{name}.py")
+
+
+def test_tilelang_compile_log_is_counted_per_kernel_and_a_key_built_twice_is_found(tmp_path):
+    """bench/i25_tilelang_compiles.py over TileLang 0.1.15's JIT diagnostics lines (jit/diagnostics.py's format:
+    the context fields sorted, values repr'd): compiles, distinct keys, the seconds a key built twice cost."""
+    tl = _bench("i25_tilelang_compiles")
+
+    def line(phase, seconds, key, kernel, done=True):
+        return (f"2026-12-02 18:30:01  [TileLang:tilelang.jit.diagnostics:INFO] (diagnostics.py:44): TileLang JIT "
+                f"phase {'done' if done else 'failed'}: {phase} elapsed={seconds:.3f}s backend='tvm_ffi', "
+                f"cache_key='{key}', cache_path='/tmp/c/{key}', kernel='{kernel}', target='cuda -arch=sm_90', "
+                f"target_host=None\n")
+
+    log = tmp_path / "A-cold.log"
+    log.write_text("".join([
+        "[1/10] 10% ETA ?  unrelated progress line\n",
+        line("lower", 9.0, "k1", "tilelang_fused_chunk_gdr_fwd_kernel"),
+        line("cache.compile", 10.0, "k1", "tilelang_fused_chunk_gdr_fwd_kernel"),
+        line("cache.compile", 12.0, "k1", "tilelang_fused_chunk_gdr_fwd_kernel"),  # a second worker, same key
+        line("cache.compile", 30.0, "k2", "kernel"),
+        line("cache.compile", 5.0, "k3", "kernel", done=False),
+    ]))
+    s = tl.summarize(tl.phases(log.read_text().splitlines()))
+    assert s["compiles"] == 3 and s["distinct_keys"] == 2 and s["failed"] == 1
+    assert s["phases"]["lower"] == {"count": 1, "seconds": 9.0}
+    assert s["built_again"] == {"keys": 1, "extra_compiles": 1, "extra_seconds": 10.0}
+    assert s["kernels"]["kernel"]["seconds"] == 30.0 and s["kernels"]["tilelang_fused_chunk_gdr_fwd_kernel"]["count"] == 2
+    out = subprocess.run(["python3", str(REPO / "bench" / "i25_tilelang_compiles.py"), str(log)], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.startswith("TileLang: 3 kernel compiles (2 distinct cache keys), 1 failed phases")
+
+
+def test_issue_25_table_counts_a_case_once_takes_the_latest_record_and_shows_served_paths(tmp_path, capsys):
+    """bench/results/h25/table.py over a cut, resumed run: a task rerun on --resume replaces its earlier error, a
+    worker file never folded is read, and fla-dispatch's engine and FlashInfer's prefill path each get a row."""
+    table = _bench_file(REPO / "bench" / "results" / "h25" / "table.py")
+    run = tmp_path / "A" / "20261202-180000-abcdef"
+    run.mkdir(parents=True)
+
+    def res(backend, case, check, status, **metrics):
+        return {"kind": "result", "backend": backend, "op": case.split("-")[0], "case": case, "check": check,
+                "status": status, "metrics": metrics}
+
+    records = [
+        {"kind": "run", "started": "2026-12-02T18:00:00Z", "case_ids": ["gdn-a", "gdn-b", "kda-c"],
+         "backends": ["fla-dispatch", "flashinfer"]},
+        res("fla-dispatch", "gdn-a", "forward", "pass", engine="flash_qla", headroom=0.4),
+        res("fla-dispatch", "gdn-a", "grad_q", "pass", engine="flash_qla", headroom=0.5),
+        res("fla-dispatch", "gdn-b", "forward", "error", engine="triton"),
+        {"kind": "resume", "started": "2026-12-02T18:05:00Z"},
+        res("fla-dispatch", "gdn-b", "forward", "pass", engine="triton", headroom=0.3),
+        res("flashinfer", "gdn-a", "forward", "known", path="cp"),
+        res("flashinfer", "kda-c", "forward", "skip"),
+    ]
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "results.w0.jsonl").write_text(json.dumps(res("flashinfer", "gdn-b", "forward", "pass", path="chunked",
+                                                         headroom=0.2)) + "\n")
+    table.main([str(run), "--json", str(tmp_path / "t.json")])
+    out = capsys.readouterr().out
+    rows = {(r["backend"], r["op"]): r for r in json.loads((tmp_path / "t.json").read_text())["rows"]}
+    assert (rows["fla-dispatch", "gdn"]["passed"], rows["fla-dispatch", "gdn"]["errored"]) == (2, 0)
+    assert rows["fla-dispatch", "gdn"]["worst"] == 0.5 and not rows["fla-dispatch", "gdn"]["finished"]
+    assert (rows["flashinfer", "gdn"]["passed"], rows["flashinfer", "gdn"]["known"]) == (1, 1)
+    assert rows["flashinfer", "kda"]["declined"] == 1 and rows["flashinfer", "kda"]["ran"] == 0
+    for line in ("| fla-dispatch | gdn | backward | `flash_qla` | 1 | 1 |", "| flashinfer | gdn | forward | `cp path` | 1 | 0 |",
+                 "| flashinfer | gdn | forward | `chunked path` | 1 | 1 |", "| fla-dispatch | gdn | forward | `triton` | 1 | 1 |"):
+        assert line in out, line

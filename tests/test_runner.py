@@ -277,6 +277,29 @@ def test_the_queue_keeps_workers_on_their_family_spreads_new_ones_and_hands_out_
     assert TaskQueue([]).take() is None
 
 
+def test_a_cases_flashqla_and_fla_dispatch_tasks_go_to_one_worker_back_to_back():
+    """FLA's dispatch serves GDN through FlashQLA's kernels: both backends' tasks of a case are one family, handed
+    one after the other, so the second finds the first's TileLang kernels built in its process. Other backends and
+    ops keep families of their own."""
+    from deltacheck.harness.run.pool import TaskQueue, compile_family
+
+    cases = [c for c in select(tier="L0", op="gdn") if c.K == c.V == 128]
+    specs = ("fla-dispatch", "flashqla", "fla")
+    tasks = list(enumerate((c, s) for c in cases for s in specs))
+    assert compile_family(cases[0], "fla-dispatch") == compile_family(cases[0], "flashqla")
+    assert compile_family(cases[0], "fla") != compile_family(cases[0], "flashqla")
+    kda = select(tier="L0", op="kda")[0]
+    assert compile_family(kda, "fla-dispatch")[0] == "fla-dispatch"  # no FlashQLA kernel for KDA
+    queue = TaskQueue(tasks)
+    family = compile_family(cases[0], "flashqla")
+    handed = []
+    while (task := queue.take(family)) is not None and compile_family(*task[1]) == family:
+        handed.append(task[1])
+    assert len(handed) == 2 * sum(compile_family(c, "flashqla") == family for c in cases)
+    pairs = [handed[i:i + 2] for i in range(0, len(handed), 2)]
+    assert all(a[0].id == b[0].id and (a[1], b[1]) == ("fla-dispatch", "flashqla") for a, b in pairs)
+
+
 def test_a_slow_family_does_not_hold_back_the_others(tmp_path, monkeypatch):
     """Work balances itself: with two workers, one stuck on a long task, the other does everything else."""
     from deltacheck.harness.run.pool import TaskQueue

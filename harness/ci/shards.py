@@ -38,11 +38,21 @@ from dataclasses import dataclass
 from deltacheck.cases import Case
 
 
+# Backends that build the very same JIT kernels for a case: FLA's dispatch hands a GDN call with K = V = 128 to
+# FlashQLA with the arguments the `flashqla` adapter passes (fla/ops/gated_delta_rule/backends/flash_qla.py), and
+# TileLang keys each kernel on its static arguments (heads, scale, dtypes, flags: nearly one set per case), so a
+# case's FlashQLA kernels are compiled for one backend's task and found in that process's memory by the other's.
+# In one family, the queue hands a case's two tasks to one worker back to back (a run lists its tasks case by
+# case): the second runs warm instead of compiling again in another worker, or tracing every kernel again to look
+# it up in TileLang's disk cache (its key hashes the traced program).
+SHARED_KERNELS = {("fla-dispatch", "gdn"): "flash_qla", ("flashqla", "gdn"): "flash_qla"}
+
+
 def compile_family(case, spec: str) -> tuple:
-    """Tasks that share a kernel specialization: same backend, op, dtype and head dims. JIT backends
-    (Triton, cuDNN's runtime compile) build and autotune a kernel per family and process, so keeping a
-    worker on one family saves compiles."""
-    return (spec, case.op, case.io_dtype, case.K, case.V)
+    """Tasks that share a kernel specialization: same backend (or group of backends building the same kernels,
+    ``SHARED_KERNELS``), op, dtype and head dims. JIT backends (Triton, cuDNN's runtime compile, TileLang) build
+    and autotune a kernel per family and process, so keeping a worker on one family saves compiles."""
+    return (SHARED_KERNELS.get((spec, case.op), spec), case.op, case.io_dtype, case.K, case.V)
 
 
 CASE_NS = 20_000_000  # inputs, setup, judging: a case's cost before any token
