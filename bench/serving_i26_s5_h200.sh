@@ -132,7 +132,10 @@ done_already() {
 for j in train gdnc-1 gdnc-2 gdnc-3 gdnc-4 gdnc-5 kdac qla-1 qla-2 fi fid kdah kdahc flad-1 flad-2 flad-3; do
   done_already "$j" && log "$j: done in an earlier call" || echo "$j" >> "$Q"
 done
-take() { ( flock -x 9; j=$(head -n 1 "$Q"); [ -n "$j" ] && sed -i 1d "$Q"; echo "$j" ) 9> "$Q.lock"; }
+# The next job, under a mkdir lock (atomic; no flock needed on the device image).
+take() { local j; until mkdir "$Q.lock.d" 2>/dev/null; do sleep 0.1; done
+  j=$(head -n 1 "$Q"); [ -n "$j" ] && sed -i 1d "$Q"; rmdir "$Q.lock.d"; echo "$j"; }
+rm -rf "$Q.lock.d"
 worker() { local j; while [ "$(left)" -gt $(( MARGIN + 20 )) ] && j=$(take) && [ -n "$j" ]; do
   log "worker $1 takes $j"; ( job "$j" ); done; }
 
