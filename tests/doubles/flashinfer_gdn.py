@@ -44,7 +44,7 @@ def _heads_ok(h: int, hk: int, hv: int) -> bool:
     return hk == hv and h % hv == 0  # GQA, or all equal
 
 
-def make():
+def make(mutation=None):
     mod = types.ModuleType("flashinfer")
     mod.__version__ = VERSION
     mod.calls = []
@@ -105,12 +105,24 @@ def make():
         idx = (torch.arange(B) if initial_state_indices is None else initial_state_indices).long()
         if initial_state_indices is not None:
             assert initial_state_indices.dtype in (torch.int32, torch.int64)
-        cu = torch.arange(B + 1)
-        out, final = reference.gdn(q[:, 0], k[:, 0], v[:, 0], a[:, 0].float(), b[:, 0].float(), cu, scale=scale,
-                                   initial_state=pool[idx], output_final_state=True, safe_gate=True,
-                                   a_log=A_log, dt_bias=dt_bias.float(), use_beta_sigmoid_in_kernel=True,
-                                   use_qk_l2norm_in_kernel=use_qk_l2norm, state_layout="vk")
-        pool[idx] = final.to(pool.dtype)
+            assert tuple(initial_state_indices.shape) == (B,) and initial_state_indices.is_contiguous()
+        # gdn_decode_pretranspose.py:152-161, 363-367: a negative index is padding, its row of the pool neither read
+        # nor written and its output zero. Planted: "negative_wraps" reads and writes it as Python would (-1: the
+        # last row), "key_major" reads and writes the pool K-major (silent when K == V).
+        real = idx >= 0 if mutation != "negative_wraps" else torch.ones_like(idx, dtype=torch.bool)
+        rows = idx[real]
+        view = pool.transpose(-1, -2) if mutation == "key_major" else pool
+        if not bool(real.any()):
+            return torch.zeros(B, 1, HV, V, dtype=torch.float64), pool
+        cu = torch.arange(int(real.sum()) + 1)
+        out_real, final = reference.gdn(q[real, 0], k[real, 0], v[real, 0], a[real, 0].float(), b[real, 0].float(),
+                                        cu, scale=scale, initial_state=view[rows], output_final_state=True,
+                                        safe_gate=True, a_log=A_log, dt_bias=dt_bias.float(),
+                                        use_beta_sigmoid_in_kernel=True, use_qk_l2norm_in_kernel=use_qk_l2norm,
+                                        state_layout="vk")
+        view[rows] = final.to(pool.dtype)
+        out = torch.zeros(B, HV, V, dtype=out_real.dtype)
+        out[real] = out_real
         return out.unsqueeze(1), pool
 
     # The routing helpers the adapter asks which prefill kernel serves (varlen_helper.py, utils.py): an H200's 132

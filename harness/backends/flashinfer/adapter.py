@@ -34,6 +34,7 @@ from ..base import LibraryContractError
 from ..loading import library_version
 from . import facts
 from .facts import DECODE_DIMS, ENTRY_POINTS, INSTALL_HINT, IO_DTYPES, PREFILL_DIMS
+from .serving import FlashInferServing
 
 
 def to_packed(x: torch.Tensor | None, case) -> torch.Tensor | None:
@@ -74,7 +75,7 @@ def library_alpha(case, g: torch.Tensor) -> torch.Tensor:
     return torch.exp(g.float()) if case.gate_domain == "log" else g.float()
 
 
-class FlashInferBackend(FusedAdapter):
+class FlashInferBackend(FlashInferServing, FusedAdapter):
     """FlashInfer's SM90 GDN prefill (``decode=False``) or decode (``decode=True``) as a deltacheck backend.
 
     ``module``: a stand-in for the entry point's module (tests/doubles/flashinfer_gdn.py); default: imported
@@ -197,15 +198,24 @@ class FlashInferBackend(FusedAdapter):
 
     def _run_decode(self, case, inputs: dict):
         """One step per token; step t carries every sequence still longer than t (its pool slot by index)."""
-        q, k, v, g, beta = (to_packed(inputs[n], case) for n in ("q", "k", "v", "g", "beta"))
-        device, io = q.device, q.dtype
         h0 = inputs.get("initial_state")
+        device = inputs["q"].device
         pool = (torch.zeros(case.N, case.HO, case.V, case.K, device=device) if h0 is None
                 else h0.float().contiguous().clone())  # value-major [N, HV, V, K], updated in place
+        out = self._decode_steps(case, inputs, pool, torch.arange(case.N, dtype=torch.int32, device=device))
+        return from_packed(out, case), pool.transpose(-1, -2)
+
+    def _decode_steps(self, case, inputs: dict, pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """The decode calls over the case's tokens: call t takes token t of every sequence longer than t, sequence n
+        reading and writing ``pool[slots[n]]`` in place (``slots``: int32 ``[N]``; a negative one is FlashInfer's
+        padding). Returns the packed output ``[T, HO, V]``."""
+        q, k, v, g, beta = (to_packed(inputs[n], case) for n in ("q", "k", "v", "g", "beta"))
+        device, io = q.device, q.dtype
         a_log = inputs.get("a_log")
         a_log = torch.zeros(case.HO, device=device) if a_log is None else a_log.float().contiguous()
         dt_bias = inputs.get("dt_bias")
         dt_bias = torch.zeros(case.HO, device=device) if dt_bias is None else dt_bias.float().contiguous()
+        slots = slots.to(device=device, dtype=torch.int32)
         out = None  # allocated at the first step in the dtype the kernel returns
         starts = packed_offsets(case, "cpu").tolist()
         fn = self._function()
@@ -216,7 +226,7 @@ class FlashInferBackend(FusedAdapter):
                     for name, x in (("q", q), ("k", k), ("v", v), ("a", g.float()), ("b", beta.float()))}
             got = fn(step["q"], step["k"], step["v"], None, a_log, step["a"], dt_bias, step["b"], scale=case.scale,
                      use_qk_l2norm=case.l2norm, initial_state=pool,
-                     initial_state_indices=torch.tensor(active, dtype=torch.int32, device=device))
+                     initial_state_indices=slots.index_select(0, torch.tensor(active, device=device)).contiguous())
             if not (isinstance(got, tuple) and len(got) == 2):
                 raise LibraryContractError(f"{self.name}: {self._entry[1]} returned {type(got).__name__}, "
                                            "not (output, state)")
@@ -226,4 +236,4 @@ class FlashInferBackend(FusedAdapter):
             out.index_copy_(0, rows, step_out)
         if out is None:  # every sequence empty: no step ran
             out = torch.empty(0, case.HO, case.V, dtype=io, device=device)
-        return from_packed(out, case), pool.transpose(-1, -2)
+        return out
