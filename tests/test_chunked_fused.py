@@ -45,6 +45,19 @@ def test_the_cpu_path_never_takes_the_kernel(monkeypatch):
     assert torch.isfinite(o).all() and torch.isfinite(s).all()
 
 
+def test_the_reference_imports_and_runs_without_triton():
+    """With triton unimportable (CI), the reference imports, says why the kernel is off, and computes."""
+    code = ("import sys\nsys.modules['triton'] = None\n"
+            "import torch\nfrom deltacheck.reference import chunked_fused\n"
+            "from deltacheck.reference.chunked import chunked_gdn2\n"
+            "q, k, v, g, b, w = (torch.rand(1, 20, 1, 4, dtype=torch.float64) for _ in range(6))\n"
+            "o, s = chunked_gdn2(q, k, v, -g, b, w, torch.rand(1, 1, 4, 4, dtype=torch.float64), 0.5, chunk_size=16)\n"
+            "print(chunked_fused.triton, chunked_fused.describe(), bool(o.isfinite().all()))\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("None fused kernel unavailable (triton not importable") and "True" in proc.stdout
+
+
 @pytest.mark.parametrize("value,on", [(None, True), ("1", True), ("0", False), (" 0 ", False)])
 def test_the_switch(monkeypatch, value, on):
     monkeypatch.setattr(chunked_fused, "FUSED", None)
