@@ -1,11 +1,16 @@
 """Benchmark of the chunked reference (issues 3, 17 and 28), side by side with FLA's fused ``chunk_gdn2``.
 
     python bench/chunked.py [--device cuda|cpu] [--json OUT] [--quick] [--count [--cuda-forms]] [--compile]
+                            [--no-unfused] [--no-exact | --exact-only]
                             [--graph-backward] [--eager] [--no-previous] [--no-graph] [--no-rates] [--no-attainable]
                             [--threads N] [--N .. --T .. --H .. --K .. --V ..] [--profile] [--settle S]
 
-On CUDA (default when available) it times, at N=4 T=4096 H=16 K=V=128 unless told otherwise: chunked fp64
-forward, chunked fp32 forward, chunked fp64 forward+backward, the same for the previous implementation
+On CUDA (default when available) it first checks every chunked variant's fp64 forward+backward against the token
+oracle on the device (small cases with -1000 and -inf decays and one with every log-decay -1000: <= 1e-12 and finite;
+with how many times the fused kernel ran; ``--no-exact`` skips it, ``--exact-only`` runs only it). Then it times, at
+N=4 T=4096 H=16 K=V=128 unless told otherwise: chunked fp64 forward (the default: with the fused fp64 kernel of
+reference/chunked_fused.py where it applies), chunked fp32 forward, chunked fp64 forward+backward, the same with the
+fused kernel off ("chunked (unfused)"; ``--no-unfused`` skips it), the same for the previous implementation
 (bench/chunked_previous.py, the reference before issue 28; ``--no-previous`` skips it), and, when ``fla``
 imports, FLA's bf16 ``chunk_gdn2`` forward and forward+backward (with the harness's recorded autotune winners
 for this GPU applied first, so FLA compiles one config per kernel; with ``DELTACHECK_RECORD_WINNERS`` naming a
@@ -81,8 +86,8 @@ GPU_SIZE = dict(N=4, T=4096, H=16, K=128, V=128)
 
 
 def unfused(fn):
-    """``fn`` with the fused kernel switched off while it runs (reference/chunked_fused.py ``FUSED``; the backward,
-    which runs after the call returns, never takes it)."""
+    """``fn`` with the fused kernel switched off while it runs (reference/chunked_fused.py ``FUSED``). A backward that
+    runs after the call returns (its recompute takes the kernel too) needs the whole step wrapped."""
     def call(*x, **kw):
         old = chunked_fused.FUSED
         chunked_fused.FUSED = False
@@ -262,7 +267,8 @@ def exact(cores, device):
                     continue
                 before = calls[0]
                 try:
-                    err = sweep.worst_error(sweep._run_with_grads(core, ins), ref)
+                    run = unfused(sweep._run_with_grads) if vname == "chunked (unfused)" else sweep._run_with_grads
+                    err = sweep.worst_error(run(core, ins), ref)
                 except Exception as e:  # noqa: BLE001 - reported, and counted as a failure
                     err = f"{type(e).__name__}: {e}"
                 ok = isinstance(err, float) and err <= 1e-12
@@ -448,6 +454,8 @@ def main(argv=None):
                 record("chunked fp32 fwd", lambda core=core, in32=in32: core(*in32, scale))
                 del in32
         step, prepare = fwdbwd_closure(inputs64, lambda ls, core=core: core(*ls, scale), lambda o, s: (do64, ds64))
+        if vname == "chunked (unfused)":  # the backward (its recompute) runs after the call: off for the whole step
+            step = unfused(step)
         record(f"{vname} fp64 fwd+bwd", step, prepare=prepare)
         if device.type == "cuda" and f"{vname} fp64 fwd+bwd" in rows:
             rows[f"{vname} fp64 fwd+bwd"]["grad_bytes"] = sum(t.numel() * t.element_size() for t in inputs64)

@@ -14,7 +14,8 @@ b, g, w, v once from their ``[N, L, H, D]`` layout and writes
 - M's diagonal 16 x 16 blocks (``q_i . k_i`` on the diagonal, every pair j < i of a group with its decay factor),
 - A's pairs j < i inside each group, ``[B, C/16, 16, 16]``, from which the inverse's levels 1..8 are then built as
   before (``chunked_intra._inverse_block``; T's blocks need the previous levels' T, a recursion the kernel leaves
-  to the small batched products that already do it).
+  to the small batched products that already do it),
+- for the backward's recompute (``keep``), also what the backward keeps: ``(k*b, q)``, k and exp(g) in chunk layout.
 
 The numerics are the recursion's (`reference/chunked.py`, docs/ops.md "The two reference methods"): the pair
 (i, j) of level s meets through the anchor r (the last token of j's s-block): ``exp([i..j]) = exp(P_s(i)) *
@@ -118,11 +119,13 @@ def _strides(x):
     return s
 
 
-def start(q, k, v, g, b, w, chunk):
+def start(q, k, v, g, b, w, chunk, keep=False):
     """The kernel over every 16-token group of a segment ``[N, Ls, H, D]`` (fp64): ``(tm, rows, cols, wv, tot,
     agrp)`` with ``tm [B, 2, C, C]`` zero but for T's unit diagonal and M's diagonal 16-blocks, ``rows [B, C, 2,
     K]`` and ``cols [B, C, K]`` scaled for level 16, ``wv [B, C, V]``, ``tot [B, C/16, Kg]`` and ``agrp [B, C/16,
-    16, 16]`` (A's pairs inside each group), B = nc*N*H chunk-major (``chunked_intra.chunk_view``)."""
+    16, 16]`` (A's pairs inside each group), B = nc*N*H chunk-major (``chunked_intra.chunk_view``). With ``keep``
+    (the backward's recompute) also ``kq [B, C, 2, K]`` = (k*b, q), k ``[B, C, K]`` and exp(g) ``[B, C, Kg]`` in chunk
+    layout, as ``(..., kq, k, eg)``."""
     N, Ls, H, K = k.shape
     V = v.shape[-1]
     C = chunk
@@ -133,6 +136,8 @@ def start(q, k, v, g, b, w, chunk):
     wv = k.new_empty(B, C, V)
     tot = k.new_empty(B, G, K)
     agrp = k.new_empty(B, G, GROUP, GROUP)
+    Kg = g.shape[-1]
+    kq, kc, eg = (k.new_empty(B, C, 2, K), k.new_empty(B, C, K), k.new_empty(B, C, Kg)) if keep else (rows, cols, tot)
     tm = k.new_zeros(B, 2, C, C)
     tm[:, 0].diagonal(dim1=1, dim2=2).fill_(1.0)
     kt, warps, scan, dot = config()
@@ -140,11 +145,12 @@ def start(q, k, v, g, b, w, chunk):
     if dot:
         kt = max(kt, 16)  # tl.dot's smallest inner dimension (masked past K)
     vt = min(V_TILE, triton.next_power_of_2(V))
-    _groups[(B, G)](q, k, b, g, w, v, rows, cols, wv, tot, agrp, tm, Ls, N, H,
+    _groups[(B, G)](q, k, b, g, w, v, rows, cols, wv, tot, agrp, tm, kq, kc, eg, Ls, N, H,
                     *_strides(q), *_strides(k), *_strides(b), *_strides(g), *_strides(w), *_strides(v),
                     K=K, V=V, C=C, W=GROUP, KT=kt, VT=vt, SCAN=scan, DOT=dot,
-                    num_warps=warps)
-    return tm, rows, cols, wv, tot[..., : g.shape[-1]], agrp
+                    KEEP=bool(keep), KG=Kg, num_warps=warps)
+    out = (tm, rows, cols, wv, tot[..., :Kg], agrp)
+    return out + (kq, kc, eg) if keep else out
 
 
 if triton is not None:
@@ -170,11 +176,11 @@ if triton is not None:
 
     @triton.jit
     def _groups(q_ptr, k_ptr, b_ptr, g_ptr, w_ptr, v_ptr, rows_ptr, cols_ptr, wv_ptr, tot_ptr, agrp_ptr, tm_ptr,
-                L, N, H,
+                kq_ptr, kc_ptr, eg_ptr, L, N, H,
                 sqn, sqt, sqh, sqd, skn, skt, skh, skd, sbn, sbt, sbh, sbd,
                 sgn, sgt, sgh, sgd, swn, swt, swh, swd, svn, svt, svh, svd,
                 K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, W: tl.constexpr, KT: tl.constexpr,
-                VT: tl.constexpr, SCAN: tl.constexpr, DOT: tl.constexpr):
+                VT: tl.constexpr, SCAN: tl.constexpr, DOT: tl.constexpr, KEEP: tl.constexpr, KG: tl.constexpr):
         bidx = tl.program_id(0).to(tl.int64)  # chunk-major: ((chunk * N) + n) * H + h
         gi = tl.program_id(1).to(tl.int64)
         h = bidx % H
@@ -232,6 +238,11 @@ if triton is not None:
             tl.store(rows_ptr + ((row0 + r[:, None]) * 2 + 1) * K + d[None, :], qv * ep, mask=dm)
             tl.store(cols_ptr + (row0 + p[:, None]) * K + d[None, :], kp * eq, mask=dm)
             tl.store(tot_ptr + (bidx * (C // W) + gi) * K + d, tl.exp(tl.sum(gv, axis=0)), mask=d < K)
+            if KEEP:  # what the backward's recompute keeps: (kb, q), k and exp(g) in chunk layout
+                tl.store(kq_ptr + ((row0 + r[:, None]) * 2) * K + d[None, :], kb, mask=dm)
+                tl.store(kq_ptr + ((row0 + r[:, None]) * 2 + 1) * K + d[None, :], qv, mask=dm)
+                tl.store(kc_ptr + (row0 + r[:, None]) * K + d[None, :], kv, mask=dm)
+                tl.store(eg_ptr + (row0 + r[:, None]) * KG + d[None, :], tl.exp(gv), mask=d[None, :] < KG)
         tl.store(agrp_ptr + ((bidx * (C // W) + gi) * W + i2) * W + j2, acc_a)
         m_blk = acc_m + tl.where(i2 == j2, qk[:, None], 0.0)  # the diagonal: q_i . k_i
         tl.store(tm_ptr + ((bidx * 2 + 1) * C + gi * W + i2) * C + gi * W + j2, m_blk)

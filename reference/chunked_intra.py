@@ -254,16 +254,18 @@ def _plain_start(q, k, v, g, b, w, C, gate_dtype, keep, q_scale, fast, scaled, p
     return tm, rows, cols, wv, tot, kq, k, v, b, w, eg, cd, 1
 
 
-def _fused_start(q, k, v, g, b, w, C):
+def _fused_start(q, k, v, g, b, w, C, keep):
     """The same start from ``chunked_fused.start`` (fp64 on CUDA): its kernel makes levels 1..8's M blocks and A
     pairs, the rows, columns and totals of level 16 and ``w*v``; T's blocks of levels 1..8 follow here from the A
-    pairs, as the loop makes them. Returns ``(tm, rows, cols, wv, tot, s)`` for the loop to go on from at s = 16, or
-    None where the kernel failed (``chunked_fused.failed``: the PyTorch path runs from then on)."""
+    pairs, as the loop makes them. Returns ``(tm, rows, cols, wv, tot, s, kq, k, eg)`` for the loop to go on from at
+    s = 16 (the last three for the backward with ``keep``, else None), or None where the kernel failed
+    (``chunked_fused.failed``: the PyTorch path runs from then on)."""
     try:
-        tm, rows, cols, wv, tot, agrp = chunked_fused.start(q, k, v, g, b, w, C)
+        got = chunked_fused.start(q, k, v, g, b, w, C, keep)
     except Exception as e:  # noqa: BLE001 - a kernel that cannot compile or run here must not lose the result
         chunked_fused.failed(e)
         return None
+    (tm, rows, cols, wv, tot, agrp), kept = got[:6], (got[6:] if keep else (None, None, None))
     B, W = tm.shape[0], chunked_fused.GROUP
     G = C // W
     s = 1
@@ -276,7 +278,7 @@ def _fused_start(q, k, v, g, b, w, C):
         blocks.copy_(off.permute(0, 2, 3, 1))
         del f, xa, off, blocks
         s *= 2
-    return tm, rows, cols, wv, tot, s
+    return (tm, rows, cols, wv, tot, s, *kept)
 
 
 def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False, q_scale=None) -> Intra:
@@ -294,10 +296,13 @@ def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False, q_scale=None)
     scaled = k.dtype == gate_dtype
     pre_scaled = scaled and fast and not keep  # kq will hold the rows of level 1 (kq * exp(g)) at once
     Kg = g.shape[-1]
-    fused = _fused_start(q, k, v, g, b, w, C) if pre_scaled and chunked_fused.applies(k, C) else None
-    if fused is not None:  # fp64 on CUDA: one kernel up to level 16 (chunked_fused)
-        tm, rows, cols, wv, tot, s = fused
-        kq = q = k = v = b = w = eg = fused = None
+    fused = None  # fp64 on CUDA: one kernel up to level 16 (chunked_fused); the recompute's with its inputs as views
+    if scaled and fast and q_scale is None and (not keep or KEEP_VIEWS) and chunked_fused.applies(k, C):
+        fused = _fused_start(q, k, v, g, b, w, C, keep)
+    if fused is not None:
+        tm, rows, cols, wv, tot, s, kq, k, eg = fused
+        v, b, w = (chunk_view(x, C) for x in (v, b, w)) if keep else (None, None, None)
+        q = fused = None
         cd = torch.float64
     else:
         tm, rows, cols, wv, tot, kq, k, v, b, w, eg, cd, s = _plain_start(q, k, v, g, b, w, C, gate_dtype, keep,

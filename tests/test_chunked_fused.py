@@ -73,6 +73,9 @@ def test_the_switch(monkeypatch, value, on):
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not importable (CI has none): the fused kernel needs it; "
                     "install it with pip --target DIR and put DIR on PYTHONPATH to run this through its interpreter")
 def test_the_kernel_through_the_interpreter_is_exact():
+    """Every case is a forward+backward: the kernel runs in the forward and again in the backward's recompute (two
+    calls at least), and output, state and every input gradient stay within 1e-12 of the oracle and of the PyTorch
+    path."""
     env = {**ENV, "TRITON_INTERPRET": "1"}
     env.pop("DELTACHECK_CHUNKED_FUSED", None)
     proc = subprocess.run([sys.executable, str(TESTS / "fused_child.py")], env=env, capture_output=True, text=True,
@@ -82,7 +85,7 @@ def test_the_kernel_through_the_interpreter_is_exact():
     assert got["interpreting"]
     assert len(got["cases"]) >= 40
     bad = {n: c for n, c in got["cases"].items()
-           if not (isinstance(c["oracle"], float) and c["oracle"] <= TOL64 and c["kernel_calls"] >= 1
+           if not (isinstance(c["oracle"], float) and c["oracle"] <= TOL64 and c["kernel_calls"] >= 2
                    and isinstance(c["plain"], float) and c["plain"] <= TOL64)}
     assert not bad, bad
 
