@@ -38,7 +38,7 @@ else
       .whl/flash_linear_attention-*.whl >> "$R/install.log" 2>&1
 fi
 mkdir -p "/tmp/dc-$WHO" && ln -sfn "$PWD/.carry/$WHO" "/tmp/dc-$WHO/deltacheck"
-export PYTHONPATH="$SITE:/tmp/dc-$WHO" FLA_DISABLE_BACKEND_DISPATCH=1 TRITON_CACHE_DIR="/tmp/$WHO-triton" \
+export PYTHONPATH="$SITE:/tmp/dc-$WHO" FLA_DISABLE_BACKEND_DISPATCH=1 TRITON_CACHE_DIR="/tmp/$WHO-triton-cache" \
     DELTACHECK_CACHE_DIR="/tmp/$WHO-cache" PYTHONUNBUFFERED=1
 cd ".carry/$WHO" || exit 1
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; nproc; echo "fla site: $SITE";
@@ -75,7 +75,7 @@ DELTACHECK_RECORD_WINNERS="$R/winners" timeout $(( LEFT > 45 ? LEFT : 45 )) pyth
 RC=$?; echo "[$(el) s] bench rc=$RC" | tee -a "$R/steps.log"
 kill "$SNAP" 2>/dev/null
 snap
-cat "$R/steps.log" "$R/exact.log" 2>/dev/null | tail -c 3500
+tail -c 3000 "$R/exact.log" 2>/dev/null
 grep -v '^ *$' "$R/bench.log" 2>/dev/null | tail -c 7000
 tail -c 1500 "$R/configs.log" 2>/dev/null
 exit 0
