@@ -1,11 +1,16 @@
 """Benchmark of the chunked reference (issues 3, 17 and 28), side by side with FLA's fused ``chunk_gdn2``.
 
     python bench/chunked.py [--device cuda|cpu] [--json OUT] [--quick] [--count [--cuda-forms]] [--compile]
+                            [--no-unfused] [--no-exact | --exact-only]
                             [--graph-backward] [--eager] [--no-previous] [--no-graph] [--no-rates] [--no-attainable]
                             [--threads N] [--N .. --T .. --H .. --K .. --V ..] [--profile] [--settle S]
 
-On CUDA (default when available) it times, at N=4 T=4096 H=16 K=V=128 unless told otherwise: chunked fp64
-forward, chunked fp32 forward, chunked fp64 forward+backward, the same for the previous implementation
+On CUDA (default when available) it first checks every chunked variant's fp64 forward+backward against the token
+oracle on the device (small cases with -1000 and -inf decays and one with every log-decay -1000: <= 1e-12 and finite;
+with how many times the fused kernel ran; ``--no-exact`` skips it, ``--exact-only`` runs only it). Then it times, at
+N=4 T=4096 H=16 K=V=128 unless told otherwise: chunked fp64 forward (the default: with the fused fp64 kernel of
+reference/chunked_fused.py where it applies), chunked fp32 forward, chunked fp64 forward+backward, the same with the
+fused kernel off ("chunked (unfused)"; ``--no-unfused`` skips it), the same for the previous implementation
 (bench/chunked_previous.py, the reference before issue 28; ``--no-previous`` skips it), and, when ``fla``
 imports, FLA's bf16 ``chunk_gdn2`` forward and forward+backward (with the harness's recorded autotune winners
 for this GPU applied first, so FLA compiles one config per kernel; with ``DELTACHECK_RECORD_WINNERS`` naming a
@@ -47,7 +52,7 @@ import torch
 
 _HERE = Path(__file__).resolve().parent
 try:  # installed (editable) package
-    from deltacheck.reference import chunked_intra
+    from deltacheck.reference import chunked_fused, chunked_intra
     from deltacheck.reference.chunked import chunked_gdn2
     from deltacheck.reference.oracle import token_oracle
 except ImportError:  # a bare checkout: load the repository root as the package `deltacheck`
@@ -56,7 +61,7 @@ except ImportError:  # a bare checkout: load the repository root as the package 
     )
     sys.modules["deltacheck"] = _mod = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_mod)
-    from deltacheck.reference import chunked_intra
+    from deltacheck.reference import chunked_fused, chunked_intra
     from deltacheck.reference.chunked import chunked_gdn2
     from deltacheck.reference.oracle import token_oracle
 
@@ -80,11 +85,27 @@ GPU_SIZE = dict(N=4, T=4096, H=16, K=128, V=128)
 # --- the variants --------------------------------------------------------------------------------
 
 
+def unfused(fn):
+    """``fn`` with the fused kernel switched off while it runs (reference/chunked_fused.py ``FUSED``). A backward that
+    runs after the call returns (its recompute takes the kernel too) needs the whole step wrapped."""
+    def call(*x, **kw):
+        old = chunked_fused.FUSED
+        chunked_fused.FUSED = False
+        try:
+            return fn(*x, **kw)
+        finally:
+            chunked_fused.FUSED = old
+    return call
+
+
 def variants(a, previous):
-    """name -> ``core(q, k, v, g, b, w, h0, scale) -> (o, S)`` with this run's settings."""
+    """name -> ``core(q, k, v, g, b, w, h0, scale) -> (o, S)`` with this run's settings. "chunked" is the default
+    (the fused kernel on where it applies: fp64 on CUDA with Triton); "chunked (unfused)" the same with it off."""
     ckpt = False if a.no_checkpoint else None
     st = a.segment_tokens
     out = {"chunked": lambda *x: chunked_gdn2(*x, chunk_size=a.chunk, segment_tokens=st, use_checkpoint=ckpt)}
+    if not a.no_unfused:
+        out["chunked (unfused)"] = unfused(out["chunked"])
     if a.compile:
         out["chunked (compiled)"] = lambda *x: chunked_gdn2(
             *x, chunk_size=a.chunk, segment_tokens=st, use_checkpoint=ckpt, compile_intra=True)
@@ -187,6 +208,12 @@ def rate_row(results, name, size, cores, device, counted):
     if "median_s" not in row or len(parts) != 2 or parts[0] not in cores or "compiled" in parts[0]:
         return None
     vname, mode = parts[0], parts[1].replace(" (CUDA graph)", "")
+    note = ""
+    if vname == "chunked" and device.type == "cuda" and chunked_fused.triton is not None and chunked_fused.enabled():
+        # the meta device runs the unfused path: these are its flops and bytes over the fused row's time
+        row["rates_note"] = "flops and bytes counted for the unfused path (the fused kernel's are not counted)"
+        note, vname = f" [{row['rates_note']}]", "chunked (unfused)"
+        cores = {**cores, vname: cores["chunked"]}
     if (vname, mode) not in counted:
         try:
             counted[vname, mode] = _meta_count(_load("opcount"), cores[vname], size, mode,
@@ -206,7 +233,58 @@ def rate_row(results, name, size, cores, device, counted):
     line += f" ({row['flop_frac']:.1%} of peak)" if row["flop_frac"] is not None else ""
     line += f", {row['byte_s'] / 1e9:.1f} GB/s counted"
     line += f" ({row['byte_frac']:.1%} of peak)" if row["byte_frac"] is not None else ""
-    return line
+    return line + note
+
+
+# --- on-device exactness of each variant against the token oracle ---------------------------------------
+
+
+def exact(cores, device):
+    """Each chunked variant's forward+backward (output, state, every input gradient) against the fp64 token oracle
+    on the device, on bench/chunked_sweep.py's small cases (steep gates; -1000 and -inf decays on whole tokens and
+    single channels; scalar gates) and one with every log-decay -1000; worst rel RMS per variant (<= 1e-12, finite),
+    and how many times the fused kernel ran (so a silent fallback to the unfused path shows)."""
+    sweep = _load("chunked_sweep")
+    cases = sweep.exact_cases(device)
+    ins = [t.clone() for t in cases[0][1]]
+    ins[3] = torch.full_like(ins[3], -1000.0)
+    cases.append(("all -1000", ins))
+    calls = [0]
+    real = chunked_fused.start
+
+    def counted(*x, **kw):
+        got = real(*x, **kw)
+        calls[0] += 1  # runs that returned (a failing kernel falls back to the PyTorch path, uncounted)
+        return got
+
+    out = {}
+    chunked_fused.start = counted
+    try:
+        for cname, ins in cases:
+            ref = sweep._run_with_grads(token_oracle, ins)
+            for vname, core in cores.items():
+                if not vname.startswith("chunked"):
+                    continue
+                before = calls[0]
+                try:
+                    run = unfused(sweep._run_with_grads) if vname == "chunked (unfused)" else sweep._run_with_grads
+                    err = sweep.worst_error(run(core, ins), ref)
+                except Exception as e:  # noqa: BLE001 - reported, and counted as a failure
+                    err = f"{type(e).__name__}: {e}"
+                ok = isinstance(err, float) and err <= 1e-12
+                out[f"{vname} | {cname}"] = {"worst_rel_rms": err, "ok": ok, "fused_calls": calls[0] - before}
+                shown = f"{err:.2e}" if isinstance(err, float) else err[:100]
+                print(f"  exact {vname:<20} {cname:<14} worst rel RMS {shown}  {'ok' if ok else 'FAIL'} (<= 1e-12, "
+                      f"finite)  fused kernel calls {calls[0] - before}", flush=True)
+        # the kernel compiled once more at the benchmark's widths (K, V and the chunk are compile-time constants),
+        # so that a later process finds it in Triton's cache
+        x = list(make_inputs(4, 128, 16, 128, 128, device).values())  # N, H, L: as the run specializes them
+        with torch.no_grad():
+            cores["chunked"](*x, 0.1)
+    finally:
+        chunked_fused.start = real
+    print(chunked_fused.describe(), flush=True)
+    return out
 
 
 # --- the run -------------------------------------------------------------------------------------
@@ -231,6 +309,12 @@ def parse(argv):
     p.add_argument("--eager", action="store_true",
                    help="also time chunked_gdn2 with no segment replayed from a CUDA graph (graph_forward/backward=False)")
     p.add_argument("--no-previous", action="store_true", help="skip the previous implementation")
+    p.add_argument("--no-unfused", action="store_true",
+                   help="skip the rows with the fused kernel switched off (reference/chunked_fused.py)")
+    p.add_argument("--exact-only", action="store_true",
+                   help="run only the exactness check (any device), exit 1 if a variant is not exact")
+    p.add_argument("--no-exact", action="store_true",
+                   help="CUDA: skip the on-device exactness check (fused and unfused against the token oracle)")
     p.add_argument("--no-graph", action="store_true",
                    help="skip the CUDA-graph rows (forward replayed without launch overhead, a diagnostic)")
     p.add_argument("--profile", action="store_true", help="print torch.profiler's top ops of one fp64 fwd and fwd+bwd")
@@ -300,6 +384,12 @@ def main(argv=None):
           f"warmup={warmup} reps={reps}")
     for n in notes:
         print("note:", n)
+    print(chunked_fused.describe())
+    results["fused"] = chunked_fused.describe()
+    if (device.type == "cuda" and not a.no_exact) or a.exact_only:
+        results["exact"] = exact(cores, device)
+        if a.exact_only:
+            return finish(a, results, [n for n, r in results["exact"].items() if not r["ok"]])
 
     x = make_inputs(N, T, H, K, V, device)
     gen = torch.Generator().manual_seed(1)
@@ -364,6 +454,8 @@ def main(argv=None):
                 record("chunked fp32 fwd", lambda core=core, in32=in32: core(*in32, scale))
                 del in32
         step, prepare = fwdbwd_closure(inputs64, lambda ls, core=core: core(*ls, scale), lambda o, s: (do64, ds64))
+        if vname == "chunked (unfused)":  # the backward (its recompute) runs after the call: off for the whole step
+            step = unfused(step)
         record(f"{vname} fp64 fwd+bwd", step, prepare=prepare)
         if device.type == "cuda" and f"{vname} fp64 fwd+bwd" in rows:
             rows[f"{vname} fp64 fwd+bwd"]["grad_bytes"] = sum(t.numel() * t.element_size() for t in inputs64)

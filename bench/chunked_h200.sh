@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# Issue 28 on the H200, one call (<= 330 s wall): the side-by-side run the issue asks for (fp64 chunked reference
-# against FLA's bf16 chunk_gdn2 at N=4 T=4096 H=16 K=V=128), preceded by the exactness check on the device.
-# Command line (from the device's checkout, the worktree carried at .carry/$WHO, default h28, the wheels at .whl):
-#   run(command="bash .carry/h28/bench/chunked_h200.sh", carry=[".whl", ".carry/h28"], timeout_s=420)
-# Returns $OUT/h28-results.tgz (snapshotted every 20 s, so a cut call still brings what it had) and prints the table.
+# Issue 28 on the H200, one call (<= CAP s wall, default 240): the side-by-side run the issue asks for (fp64 chunked
+# reference, with the fused kernel of reference/chunked_fused.py ON and OFF, against FLA's bf16 chunk_gdn2 at N=4
+# T=4096 H=16 K=V=128, one process), preceded by the on-device exactness check of both paths.
+# Command line (from the device's checkout root, this worktree carried at .carry/$WHO, default h28, the wheels at .whl):
+#   run(command="bash .carry/h28/bench/chunked_h200.sh", carry=[".whl", ".carry/h28"], timeout_s=300)
+# The code is found through PYTHONPATH=/tmp/dc-$WHO, where /tmp/dc-$WHO/deltacheck links to $PWD/.carry/$WHO. FLA: the
+# site directory $FLA_SITE (default /tmp/s5/fla) when `import fla` works from it, else installed from .whl into
+# /tmp/$WHO-site. Returns $OUT/$WHO-results.tgz (snapshotted every 20 s, so a cut call still brings what it had).
 #
-# FLA's first compile: every FLA autotune key holds H, and the shipped winners were recorded at H <= 4, so at H=16
-# FLA autotuned every config of every kernel, one compile after another (> 150 s, w28's call was cut there).
-# Here bench/fla_warm.py compiles those configs in 12 processes at once into one Triton cache (while the
-# exactness check runs), then autotunes once with every binary cached and writes the winners, which the timed
-# process applies (DELTACHECK_FLA_WINNERS): it compiles nothing new and times FLA after the fp64 rows, in the
-# same process (side by side). The winners come back in the tarball for the next run.
+# 1. bench/chunked.py --exact-only (fused at the default settings, and unfused, fwd+bwd against the token oracle on
+#    the device, -1000 and -inf decays), beside: bench/fla_warm.py --apply (compiles FLA's recorded winners; the
+#    shipped H200 file holds H=16) and bench/fused_configs.py --compile-only per kernel setting, into one Triton cache.
+# 2. bench/fused_configs.py: each setting of the fused kernel timed (alone and in the forward), the fastest that
+#    agrees with the unfused forward to 1e-13 is used by step 3 (DELTACHECK_CHUNKED_FUSED_CONFIG).
+# 3. bench/chunked.py: the exactness check again at that setting, then the fp64 rows (fused = the default "chunked",
+#    then "chunked (unfused)") and FLA's, one process, medians of 5, peaks, ratios, rates; --profile prints the
+#    fused forward's and forward+backward's top kernels.
 set -u
 WHO=${WHO:-h28}
+CAP=${CAP:-240}
+CONFIGS=${CONFIGS:-8x4s,16x4sd,16x8sd,4x4s,16x4s,8x4}  # reference/chunked_fused.py settings tried in step 2
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 R="/tmp/$WHO-out"
@@ -20,55 +27,55 @@ rm -rf "$R" && mkdir -p "$R/winners"
 snap() { tar czf "$OUT/$WHO-results.tgz.part" -C "$R" . 2>/dev/null && mv -f "$OUT/$WHO-results.tgz.part" "$OUT/$WHO-results.tgz"; }
 ( while sleep 20; do snap; done ) &
 SNAP=$!
-python3 -m pip install -q --no-index --no-deps --no-compile --target "/tmp/$WHO-site" .whl/fla_core-*.whl \
-    .whl/flash_linear_attention-*.whl > "$R/install.log" 2>&1
+trap 'kill $SNAP 2>/dev/null' EXIT
+
+FLA_SITE=${FLA_SITE:-/tmp/s5/fla}
+if PYTHONPATH="$FLA_SITE" python3 -c "import fla" > "$R/install.log" 2>&1; then
+  SITE="$FLA_SITE"
+else
+  SITE="/tmp/$WHO-site"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/fla_core-*.whl \
+      .whl/flash_linear_attention-*.whl >> "$R/install.log" 2>&1
+fi
 mkdir -p "/tmp/dc-$WHO" && ln -sfn "$PWD/.carry/$WHO" "/tmp/dc-$WHO/deltacheck"
-export PYTHONPATH="/tmp/$WHO-site:/tmp/dc-$WHO" FLA_DISABLE_BACKEND_DISPATCH=1 TRITON_CACHE_DIR="/tmp/$WHO-triton" \
+export PYTHONPATH="$SITE:/tmp/dc-$WHO" FLA_DISABLE_BACKEND_DISPATCH=1 TRITON_CACHE_DIR="/tmp/$WHO-triton-cache" \
     DELTACHECK_CACHE_DIR="/tmp/$WHO-cache" PYTHONUNBUFFERED=1
 cd ".carry/$WHO" || exit 1
-{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; nproc;
-  python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > "$R/env.txt" 2>&1
-echo "[$(el) s] installed" | tee -a "$R/steps.log"
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; nproc; echo "fla site: $SITE";
+  python3 -c "import torch, triton, fla, deltacheck; print(torch.__version__, triton.__version__, fla.__version__, deltacheck.__file__)"; } \
+  > "$R/env.txt" 2>&1
+echo "[$(el) s] ready: $(tail -n 2 "$R/env.txt" | tr '\n' ' ')" | tee -a "$R/steps.log"
 
-# 1. FLA's configs compiled in 12 processes (background) while the exactness check runs on the same GPU
-NS=12
-PIDS=()
-for i in $(seq 0 $((NS - 1))); do
-  timeout 120 python3 bench/fla_warm.py --slice "$i/$NS" > "$R/warm-slice$i.log" 2>&1 &
-  PIDS+=($!)
+# 1. exactness on the device (fused with the default settings, and unfused) beside FLA's compile of its recorded
+#    winners and the compile of each fused-kernel setting (one process each, into the shared Triton cache)
+timeout 100 python3 bench/fla_warm.py --apply > "$R/warm-apply.log" 2>&1 &
+WARMS=($!)
+for cfg in ${CONFIGS//,/ }; do
+  timeout 100 python3 bench/fused_configs.py --compile-only --configs "$cfg" > "$R/compile-$cfg.log" 2>&1 &
+  WARMS+=($!)
 done
-timeout 90 python3 bench/chunked_sweep.py --variants main,copies --exact-only --json "$R/exact.json" \
-  > "$R/exact.log" 2>&1
+timeout 100 python3 bench/chunked.py --exact-only --no-previous --json "$R/exact.json" > "$R/exact.log" 2>&1
 RC=$?; echo "[$(el) s] exactness rc=$RC" | tee -a "$R/steps.log"
-wait "${PIDS[@]}"
-echo "[$(el) s] slices done: $(grep -l 'fwd+bwd done' "$R"/warm-slice*.log | wc -l)/$NS finished fwd+bwd" \
-  | tee -a "$R/steps.log"
+wait "${WARMS[@]}"
+echo "[$(el) s] warm: $(grep -h 'fla_warm' "$R/warm-apply.log" | tr '\n' ' ' | cut -c1-250)" | tee -a "$R/steps.log"
 snap
 
-# 2. FLA's own autotune over all configs (binaries cached), winners written for the timed process and the next run
-timeout 90 python3 bench/fla_warm.py --tune --winners "$R/winners/bench-H16.json" > "$R/warm-tune.log" 2>&1
-RC=$?; echo "[$(el) s] tune rc=$RC" | tee -a "$R/steps.log"
-[ -s "$R/winners/bench-H16.json" ] && export DELTACHECK_FLA_WINNERS="$R/winners/bench-H16.json"
+# 2. the kernel's settings timed (the kernel alone and the forward; each checked against the unfused forward)
+timeout 60 python3 bench/fused_configs.py --configs "$CONFIGS" --budget-s 45 --jsonl "$R/configs.jsonl" \
+  --best "$R/best-config.txt" > "$R/configs.log" 2>&1
+RC=$?; echo "[$(el) s] configs rc=$RC best=$(cat "$R/best-config.txt" 2>/dev/null)" | tee -a "$R/steps.log"
+[ -s "$R/best-config.txt" ] && export DELTACHECK_CHUNKED_FUSED_CONFIG="$(cat "$R/best-config.txt")"
 snap
 
-# 3. side by side in one process: fp64 reference rows first, then FLA (winners applied), medians, peaks, rates
-LEFT=$(( 315 - $(el) ))
-DELTACHECK_RECORD_WINNERS="$R/winners" timeout $(( LEFT > 60 ? LEFT : 60 )) python3 bench/chunked.py \
-  --no-previous --no-graph --json "$R/bench.json" > "$R/bench.log" 2>&1
+# 3. side by side in one process: the exactness check of the fused path at the chosen setting (fwd+bwd against the
+#    token oracle, -1000 and -inf), then fp64 fused, fp64 unfused, then FLA (winners applied); medians, peaks, ratios
+LEFT=$(( CAP - 6 - $(el) ))
+DELTACHECK_RECORD_WINNERS="$R/winners" timeout $(( LEFT > 45 ? LEFT : 45 )) python3 bench/chunked.py \
+  --no-previous --no-graph --profile --json "$R/bench.json" > "$R/bench.log" 2>&1
 RC=$?; echo "[$(el) s] bench rc=$RC" | tee -a "$R/steps.log"
-snap
-
-# 4. each step's effect, if time is left (fp64 only, one process): origin = the reference of the checkout this runs
-# from (main, before this branch), main = this branch's defaults, then one change switched off or on at a time;
-# then, while the budget allows, the forward through torch.compile (compile_intra)
-LEFT=$(( 325 - $(el) ))
-if [ "$LEFT" -gt 25 ]; then
-  mkdir -p bench/_origin_ref && cp ../../reference/chunked*.py bench/_origin_ref/ && touch bench/_origin_ref/__init__.py
-  md5sum ../../reference/chunked*.py reference/chunked*.py > "$R/origin-md5.txt" 2>&1
-  timeout "$LEFT" python3 bench/chunked_sweep.py --variants origin,main,copies,no-views,no-direct --reps 5 \
-    --settle 2 --profile --profile-variant main --compile --budget-s $(( LEFT - 20 )) --json "$R/steps.json" > "$R/steps-sweep.log" 2>&1
-  RC=$?; echo "[$(el) s] steps sweep rc=$RC" | tee -a "$R/steps.log"
-fi
 kill "$SNAP" 2>/dev/null
 snap
-cat "$R/steps.log" "$R/exact.log" "$R/bench.log" "$R/steps-sweep.log" 2>/dev/null | tail -c 11000
+tail -c 3000 "$R/exact.log" 2>/dev/null
+grep -v '^ *$' "$R/bench.log" 2>/dev/null | tail -c 7000
+tail -c 1500 "$R/configs.log" 2>/dev/null
+exit 0

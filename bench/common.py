@@ -206,7 +206,7 @@ def table(results, device):
         return rows.get(name, {}).get("median_s")
 
     ratios = {}
-    for v in ("chunked", "chunked (compiled)", "chunked (graph backward)", "previous"):
+    for v in ("chunked", "chunked (unfused)", "chunked (compiled)", "chunked (graph backward)", "previous"):
         target = v == "chunked"
         for mode, fla_row, tkey in (("fwd", "fla bf16 fwd", "fwd_ratio"), ("fwd+bwd", "fla bf16 fwd+bwd", "fwdbwd_ratio")):
             if t(fla_row) and t(f"{v} fp64 {mode}"):
@@ -222,6 +222,10 @@ def table(results, device):
             if t(f"{other} fp64 {mode}") and t(f"chunked fp64 {mode}"):
                 ratios[f"{other} {mode} / chunked fp64 {mode} (speedup)"] = (
                     t(f"{other} fp64 {mode}") / t(f"chunked fp64 {mode}"), None)
+    for mode in ("fwd", "fwd+bwd"):  # the fused kernel's gain (reference/chunked_fused.py)
+        if t(f"chunked (unfused) fp64 {mode}") and t(f"chunked fp64 {mode}"):
+            ratios[f"unfused {mode} / chunked fp64 {mode} (speedup)"] = (
+                t(f"chunked (unfused) fp64 {mode}") / t(f"chunked fp64 {mode}"), None)
     results["ratios"] = {k: v[0] for k, v in ratios.items()}
 
     print()

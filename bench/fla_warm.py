@@ -2,6 +2,7 @@
 
     python bench/fla_warm.py --slice I/N [--N .. --T .. --H .. --K .. --V ..]
     python bench/fla_warm.py --tune --winners OUT.json [...]
+    python bench/fla_warm.py --apply [...]
 
 Why: FLA autotunes its Triton kernels on the first call of each key, and every key holds the head count H
 (``key=['H', ...]``); the shipped winners (harness/backends/fla/winners/) were recorded on the L0 tier (H of 1, 2
@@ -15,6 +16,11 @@ runs the full autotune (all configs, so the choice is FLA's own; every compile i
 runs) and writes the winners (harness/backends/fla/winners.py format) to ``--winners``, which bench/chunked.py
 applies through ``DELTACHECK_FLA_WINNERS``: the timed process compiles nothing new. No step changes what a kernel
 computes; a slice that fails (a config pruned to nothing, say) only leaves its configs to ``--tune``.
+
+``--apply`` applies the recorded winners first (``DELTACHECK_FLA_WINNERS``, the user's cache, the shipped file; the
+H200's holds H=16 since session 4), as bench/chunked.py does, and runs one forward+backward: only the winning config
+of each kernel compiles, into ``TRITON_CACHE_DIR``, which a later process then finds there (bench/chunked_h200.sh
+runs it beside the on-device exactness check).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ def main(argv=None) -> int:
     p.add_argument("--slice", default=None, help="I/N: compile configs I, I+N, ... of every kernel")
     p.add_argument("--tune", action="store_true", help="autotune with all configs, write the winners")
     p.add_argument("--winners", default=None, help="--tune: where to write the winners (JSON)")
+    p.add_argument("--apply", action="store_true", help="apply the recorded winners, compile only those")
     for n, d in dict(N=4, T=4096, H=16, K=128, V=128).items():
         p.add_argument(f"--{n}", type=int, default=d)
     a = p.parse_args(argv)
@@ -55,7 +62,12 @@ def main(argv=None) -> int:
 
     from deltacheck.harness.backends.fla import winners
 
-    what = f"slice {a.slice}" if a.slice else "tune"
+    what = f"slice {a.slice}" if a.slice else ("apply" if a.apply else "tune")
+    if a.apply:
+        files = [f for f in winners.default_files(torch.cuda.get_device_name(), triton.__version__, fla.__version__)
+                 if f.is_file()]
+        print(f"fla_warm apply: {winners.apply(winners.merge_files(files)) if files else 'no winners'} "
+              f"from {[str(f) for f in files]}", flush=True)
     if a.slice:
         i, n = (int(x) for x in a.slice.split("/"))
         print(f"fla_warm {what}: {cut_configs(i, n, winners)} autotuners cut", flush=True)

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from . import chunked_fused
+
 
 @dataclass
 class Intra:
@@ -193,20 +195,12 @@ def _inverse_block(t, xa, s, small):
 # --- forward ---------------------------------------------------------------------------------------
 
 
-def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False, q_scale=None) -> Intra:
-    """The intra-chunk quantities of every chunk of a segment ``[N, Ls, H, D]`` (``keep``: what the backward
-    needs, which is all but ``oi``; ``q_scale``: q's factor, applied to q here). Without ``keep`` every tensor is
-    dropped as soon as it has been used.
-
-    In the gate dtype (fp64) the rows and columns are scaled once and their scaling updated level by level;
-    in any other dtype, as a plain implementation in that dtype does it, the fp64 decay factors are updated
-    and cast, and each level multiplies them into the rows and columns in that dtype."""
-    fast = _in_place()
+def _plain_start(q, k, v, g, b, w, C, gate_dtype, keep, q_scale, fast, scaled, pre_scaled):
+    """The forward's input preparation and level 0 in PyTorch: ``(tm, rows, cols, wv, tot, kq, k, v, b, w, eg, cd,
+    s)`` for the levels' loop to start from at s = 1."""
     N, Ls, H, K = k.shape
-    nc = -(-Ls // chunk)
-    B, C = N * H * nc, chunk
-    scaled = k.dtype == gate_dtype
-    pre_scaled = scaled and fast and not keep  # kq will hold the rows of level 1 (kq * exp(g)) at once
+    nc = -(-Ls // C)
+    B = N * H * nc
     # M's diagonal q_i . k_i: products rounded to the dtype, then summed (as a plain implementation; in fp64 as
     # good as a matmul's dot). With pre_scaled, from the inputs, first, while nothing else is allocated.
     qk = chunk_view((q * k).sum(-1, keepdim=True), C).reshape(B, C) if pre_scaled else None
@@ -257,7 +251,63 @@ def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False, q_scale=None)
     tot = eg
     if not keep:
         eg = None  # tot holds it until level 2
+    return tm, rows, cols, wv, tot, kq, k, v, b, w, eg, cd, 1
+
+
+def _fused_start(q, k, v, g, b, w, C, keep):
+    """The same start from ``chunked_fused.start`` (fp64 on CUDA): its kernel makes levels 1..8's M blocks and A
+    pairs, the rows, columns and totals of level 16 and ``w*v``; T's blocks of levels 1..8 follow here from the A
+    pairs, as the loop makes them. Returns ``(tm, rows, cols, wv, tot, s, kq, k, eg)`` for the loop to go on from at
+    s = 16 (the last three for the backward with ``keep``, else None), or None where the kernel failed
+    (``chunked_fused.failed``: the PyTorch path runs from then on)."""
+    try:
+        got = chunked_fused.start(q, k, v, g, b, w, C, keep)
+    except Exception as e:  # noqa: BLE001 - a kernel that cannot compile or run here must not lose the result
+        chunked_fused.failed(e)
+        return None
+    (tm, rows, cols, wv, tot, agrp), kept = got[:6], (got[6:] if keep else (None, None, None))
+    B, W = tm.shape[0], chunked_fused.GROUP
+    G = C // W
     s = 1
+    while s < W:
+        nb, nw = C // (2 * s), W // (2 * s)
+        f = agrp.view(B, G, nw, 2, s, nw, 2, s)[:, :, :, 1, :, :, 0]  # [B, G, nw, s, nw, s]
+        xa = torch.diagonal(f, dim1=2, dim2=4).permute(0, 1, 4, 2, 3).reshape(B, nb, s, s)
+        off = _inverse_block(tm[:, 0], xa, s, small=True)
+        blocks = torch.diagonal(tm.view(B, 2, nb, 2 * s, nb, 2 * s), dim1=2, dim2=4)[:, 0, s:, :s]
+        blocks.copy_(off.permute(0, 2, 3, 1))
+        del f, xa, off, blocks
+        s *= 2
+    return (tm, rows, cols, wv, tot, s, *kept)
+
+
+def intra_forward(q, k, v, g, b, w, chunk, gate_dtype, keep=False, q_scale=None) -> Intra:
+    """The intra-chunk quantities of every chunk of a segment ``[N, Ls, H, D]`` (``keep``: what the backward
+    needs, which is all but ``oi``; ``q_scale``: q's factor, applied to q here). Without ``keep`` every tensor is
+    dropped as soon as it has been used.
+
+    In the gate dtype (fp64) the rows and columns are scaled once and their scaling updated level by level;
+    in any other dtype, as a plain implementation in that dtype does it, the fp64 decay factors are updated
+    and cast, and each level multiplies them into the rows and columns in that dtype."""
+    fast = _in_place()
+    N, Ls, H, K = k.shape
+    nc = -(-Ls // chunk)
+    B, C = N * H * nc, chunk
+    scaled = k.dtype == gate_dtype
+    pre_scaled = scaled and fast and not keep  # kq will hold the rows of level 1 (kq * exp(g)) at once
+    Kg = g.shape[-1]
+    fused = None  # fp64 on CUDA: one kernel up to level 16 (chunked_fused); the recompute's with its inputs as views
+    if scaled and fast and q_scale is None and (not keep or KEEP_VIEWS) and chunked_fused.applies(k, C):
+        fused = _fused_start(q, k, v, g, b, w, C, keep)
+    if fused is not None:
+        tm, rows, cols, wv, tot, s, kq, k, eg = fused
+        v, b, w = (chunk_view(x, C) for x in (v, b, w)) if keep else (None, None, None)
+        q = fused = None
+        cd = torch.float64
+    else:
+        tm, rows, cols, wv, tot, kq, k, v, b, w, eg, cd, s = _plain_start(q, k, v, g, b, w, C, gate_dtype, keep,
+                                                                            q_scale, fast, scaled, pre_scaled)
+        q = None
     while s < C:
         nb = C // (2 * s)
         # the A and M blocks of this level: rows (i in a second half, A|M), columns j in a first half

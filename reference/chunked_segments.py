@@ -20,7 +20,7 @@ import warnings
 
 import torch
 
-from . import chunked_intra, chunked_intra_backward
+from . import chunked_fused, chunked_intra, chunked_intra_backward
 from .chunked_intra import chunk_view, handoff, intra_forward, to_chunks
 from .chunked_intra_backward import intra_backward
 from .chunked_replay import SegmentReplay
@@ -182,7 +182,7 @@ def _forward(plan, ins, h0, keep_every=None):
 def _forms():
     """The module constants that choose a segment's kernels, besides the plan (part of a kept graph's key)."""
     return (HANDOFF_SLICES, chunked_intra.GROUP_TOKENS, chunked_intra.SMALL_INVERSE,
-            chunked_intra_backward.SMALL_GRADS, chunked_intra.KEEP_VIEWS)
+            chunked_intra_backward.SMALL_GRADS, chunked_intra.KEEP_VIEWS, chunked_fused.enabled())
 
 
 # With DIRECT_GRADS the backward writes each input's gradient straight into its stretch of the gradient tensor
