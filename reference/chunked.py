@@ -58,7 +58,7 @@ from .chunked_segments import _backward_segment, _forms, _forward, _from_chunks,
 # runs one 4096-token segment and the backward 512-token ones: peaks of 2.0 and 2.6 GiB, the latter with
 # 1.5 GiB of input gradients (bench/chunked.py --count).
 FORWARD_SEGMENT_BYTES = 256 * 2**20
-BACKWARD_SEGMENT_BYTES = 32 * 2**20
+BACKWARD_SEGMENT_BYTES = 64 * 2**20
 # Segments replayed from a CUDA graph may be shorter (the forward's a multiple of the backward's): launches cost
 # nothing there, and a short segment's tensors are small enough for one kernel's output to be read back from the
 # L2 cache by the next.

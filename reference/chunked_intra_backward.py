@@ -34,14 +34,24 @@ def _level_grads(dx, kc, rows, small):
     if s == 1:  # one term: the outer product, bit for bit what the matmul returns
         dr = dx * kc
     elif small and s <= SMALL_GRADS:
-        dr = (dx.unsqueeze(-1) * kc.unsqueeze(1)).sum(2)
+        dr = _terms(dx, kc)
     else:
         dr = torch.bmm(dx, kc)
     if small and s <= SMALL_GRADS:
-        dkc = (dx.unsqueeze(-1) * rows.unsqueeze(2)).sum(1)
+        dkc = _terms(dx.transpose(1, 2), rows)
     else:
         dkc = torch.bmm(dx.transpose(1, 2), rows)
     return dr, dkc
+
+
+def _terms(x, y):
+    """``x @ y`` for ``x [b, r, n]``, ``y [b, n, K]`` with few terms n, written out term by term (one product
+    and n - 1 accumulations in place): no ``[b, r, n, K]`` temporary (at s = 2 of a 1024-token segment that
+    temporary alone was 128 MiB, at the backward's peak)."""
+    out = x[:, :, 0:1] * y[:, 0:1]
+    for j in range(1, x.shape[2]):
+        out.addcmul_(x[:, :, j : j + 1], y[:, j : j + 1])
+    return out
 
 
 def intra_backward(z: Intra, outs=None):
@@ -70,22 +80,26 @@ def intra_backward(z: Intra, outs=None):
     m = z.m
     s0, y, do = z.s0, z.y, z.do
     z.s0 = z.y = z.do = z.m = None
-    u = torch.baddbmm(z.ut, z.wt, s0, alpha=-1)
-    du = torch.baddbmm(torch.bmm(z.kh, y), m.transpose(1, 2), do)  # dL/dUt = M^T do + kh y
-    dwt = torch.baddbmm(z.wt, du, s0.transpose(1, 2), beta=0, alpha=-1)  # dL/dWt = -du S0^T
-    z.ut = z.wt = None
-    dm = torch.bmm(do, u.transpose(1, 2))  # used on and below the diagonal only
-    del m
+    # in place where the operand is not needed afterwards; y (with the chunks' end-state gradients, two
+    # activations' worth per chunk) is released first, then s0
+    u = z.ut.baddbmm_(z.wt, s0, alpha=-1)
+    du = torch.bmm(z.kh, y).baddbmm_(m.transpose(1, 2), do)  # dL/dUt = M^T do + kh y
+    z.kh = z.ut = None
     dkh = torch.bmm(u, y.transpose(1, 2))
-    dqe = torch.bmm(do, s0.transpose(1, 2))
     Kd, Vd = y.shape[1:]
     # the diagonal of dL/dP: a dot product per state row, as one batched matmul
     de_total = torch.bmm(y.reshape(-1, 1, Vd), s0.reshape(-1, Vd, 1)).view(B, Kd)
-    del u, do, y, s0
+    del y
+    dwt = torch.baddbmm(z.wt, du, s0.transpose(1, 2), beta=0, alpha=-1)  # dL/dWt = -du S0^T
+    z.wt = None
+    dm = torch.bmm(do, u.transpose(1, 2))  # used on and below the diagonal only
+    del m, u
+    dqe = torch.bmm(do, s0.transpose(1, 2))
+    del do, s0
     tt = z.t.transpose(1, 2)
     z.t = None
-    dt = torch.baddbmm(torch.bmm(du, z.wv.transpose(1, 2)), dwt, z.kbe.transpose(1, 2))
-    z.wv = None
+    dt = torch.bmm(du, z.wv.transpose(1, 2)).baddbmm_(dwt, z.kbe.transpose(1, 2))
+    z.wv = z.kbe = None  # kbe is a view of the forward's rows buffer: that buffer goes with it
     dwv = torch.bmm(tt, du)
     dkbe = torch.bmm(tt, dwt)
     del du, dwt
@@ -115,21 +129,21 @@ def intra_backward(z: Intra, outs=None):
     # The levels, bottom-up, with their factors rebuilt as in the forward: P (prefixes) on the rows of
     # second halves, Q (suffixes) on the columns of first halves, ``tot`` the blocks' totals. Every factor's
     # log-adjoint (its gradient times itself, in the gate dtype) goes to the g_t of its interval: suffix sums
-    # (accumulated reversed, in ``dgr``) for the prefixes, exclusive prefix sums (``dgn``) for the suffixes.
+    # for the prefixes, exclusive prefix sums for the suffixes, both accumulated in one buffer ``dgr`` that holds
+    # the tokens in reverse order (a suffix sum is a cumsum there; a prefix sum's terms are flipped into it).
     dgr = torch.zeros(B, C, Kg, dtype=gd, device=k.device)
-    dgn = torch.zeros_like(dgr)
     tot = z.eg
     pf = tot.clone()
-    qf = torch.ones_like(tot)
+    qf = None  # Q_1 = 1: made at the end of level 1, once that level's temporaries are gone
     z.eg = None
     s = 1
     while s < C:
         nb = C // (2 * s)
         e_row = _first_half(pf, s, 1).unsqueeze(-2)  # [B, nb, s, 1, Kg]
-        e_col = _first_half(qf, s)
-        e_row_cd, e_col_cd = e_row.to(cd), e_col.to(cd)
+        e_col = _first_half(qf, s) if qf is not None else None
+        e_row_cd, e_col_cd = e_row.to(cd), (e_col.to(cd) if e_col is not None else None)
         base, k0 = _first_half(kq, s, 1), _first_half(k, s)
-        rows, kc = base * e_row_cd, k0 * e_col_cd
+        rows, kc = base * e_row_cd, (k0 * e_col_cd if e_col is not None else k0)  # times 1: k0 itself
         # this level's blocks of dA and dM: rows (i, A|M) of the second half, columns j of the first half
         dx = dam.as_strided((B, nb, s, 2, s), (2 * C * C, 4 * s * C + 2 * s, 2 * C, C, 1),
                             dam.storage_offset() + 2 * s * C).reshape(B * nb, 2 * s, s)
@@ -137,7 +151,10 @@ def intra_backward(z: Intra, outs=None):
         dr, dkc = dr.view(B, nb, s, 2, K), dkc.view(B, nb, s, K)
         del dx
         _first_half(dkq, s, 1).addcmul_(dr, e_row_cd)
-        _first_half(dk, s).addcmul_(dkc, e_col_cd)
+        if e_col is None:
+            _first_half(dk, s).add_(dkc)
+        else:
+            _first_half(dk, s).addcmul_(dkc, e_col_cd)
         # exp([i..r]) of a second half's row i: each g_t there gets the suffix sum from t. In the gate dtype
         # the scaled rows give the log-adjoint at once; otherwise the gradient of the cast factor, as autograd
         # of a plain implementation forms it, times the factor.
@@ -150,21 +167,24 @@ def intra_backward(z: Intra, outs=None):
         del dr, base, rows
         if s > 1:  # exp([r..j]) of a first half's column j: each g_t there gets the prefix sum before t
             lam = _sum_to(dkc * kc, Kg) if cd == gd else _sum_to(dkc * k0, Kg).to(gd) * e_col
-            _first_half(dgn, s)[:, :, 1:].add_(lam[:, :, : s - 1].cumsum(2))
+            # tokens 1 .. s-1 of a first half: reversed, offsets s-2 .. 0 of the second half of a reversed 2s-block
+            _first_half(dgr, s, 1)[:, :, : s - 1].add_(lam[:, :, : s - 1].cumsum(2).flip((1, 2)))
         del lam, dkc, kc, k0, e_row, e_col, e_row_cd, e_col_cd
         ta, tb, tot = _next_level(tot, s)
         pf = _scale_half(pf, s, 1, ta)
-        qf = _scale_half(qf, s, 0, tb)
+        qf = _scale_half(torch.ones_like(pf) if qf is None else qf, s, 0, tb)
         del ta, tb
         s *= 2
     del dam
+    if qf is None:  # C = 1: no level ran
+        qf = torch.ones_like(pf)
     # pf, qf, tot now hold exp([i..start]), exp([end..j]) and exp([end..start]). exp([i..start]) scales kb and
     # q, and its last row is exp([end..start]): suffix sums; exp([end..j]) scales k: exclusive prefix sums.
     lam = _sum_to(torch.addcmul(dqe * kq[:, :, 1], dkbe, kq[:, :, 0]), Kg).to(gd) * pf
     lam[:, -1].add_(_sum_to(de_total.to(gd), Kg) * tot.view(B, Kg))
     dgr.add_(lam.flip(1).cumsum(1))
     lam = _sum_to(dkh * k, Kg).to(gd) * qf
-    dgn[:, 1:].add_(lam[:, : C - 1].cumsum(1))
+    dgr[:, : C - 1].add_(lam[:, : C - 1].cumsum(1).flip(1))  # tokens 1 .. C-1, reversed
     del lam, de_total, tot
     e_start, e_end = pf.to(cd), qf.to(cd)
     del pf, qf
@@ -178,9 +198,11 @@ def intra_backward(z: Intra, outs=None):
     z.kq = z.k = z.b = None
     del gkb
     if cd == gd:
-        dg = torch.add(_grid(dgn), _grid(dgr.flip(1)), out=outs[3])
+        dg = _grid(dgr.flip(1))
+        if outs[3] is not None:
+            dg = outs[3].copy_(dg)
     else:
-        dg = _grid((dgn + dgr.flip(1)).to(cd))
+        dg = _grid(dgr.flip(1).to(cd))
         if outs[3] is not None:
             outs[3].copy_(dg)
     return tuple(None if o is not None else d for d, o in zip((dq, dk, dv, dg, db, dw), outs))

@@ -217,8 +217,7 @@ def _backward_segment(plan, ins, s_start, y, d_out, outs=None):
     nc = -(-Ls // C)
     z = _intra(intra_forward, plan)(*ins, C, torch.float64, keep=True, q_scale=plan.q_scale)
     states = y.new_empty(nc + 1, NH, K, V)
-    p, _ = handoff(z, hh_out=states[1:].view(-1, K, V))
-    p = p.view(nc, NH, K, K)
+    p = handoff(z, hh_out=states[1:].view(-1, K, V))[0].view(nc, NH, K, K)  # (no name left holding Hh's view)
     states[0].copy_(s_start)
     _run_states(p, states)
     out_scale = plan.out_scale if plan.out_scale != 1.0 else None
