@@ -19,7 +19,7 @@
 set -u
 WHO=${WHO:-h28}
 CAP=${CAP:-240}
-CONFIGS=${CONFIGS:-8x4s,16x4sd,16x8sd,4x4s,16x4s,8x4}  # reference/chunked_fused.py settings tried in step 2
+CONFIGS=${CONFIGS:-16x4sd,16x4sdp,32x4sdp,16x8sdp,16x2sdp,8x4sp}  # reference/chunked_fused.py settings tried in step 2
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 R="/tmp/$WHO-out"
@@ -69,13 +69,20 @@ snap
 
 # 3. side by side in one process: the exactness check of the fused path at the chosen setting (fwd+bwd against the
 #    token oracle, -1000 and -inf), then fp64 fused, fp64 unfused, then FLA (winners applied); medians, peaks, ratios
-LEFT=$(( CAP - 6 - $(el) ))
+LEFT=$(( CAP - 46 - $(el) ))  # 40 s kept for step 4
 DELTACHECK_RECORD_WINNERS="$R/winners" timeout $(( LEFT > 45 ? LEFT : 45 )) python3 bench/chunked.py \
   --no-previous --no-graph --profile --json "$R/bench.json" > "$R/bench.log" 2>&1
 RC=$?; echo "[$(el) s] bench rc=$RC" | tee -a "$R/steps.log"
+
+# 4. the backward's segment budget, before (32 MiB: 512-token segments) and now (64 MiB): wall, CPU time, peak
+LEFT=$(( CAP - 4 - $(el) ))
+[ "$LEFT" -gt 20 ] && timeout "$LEFT" python3 bench/chunked_steps.py --budgets-mib 32,64 --json "$R/bwd-steps.json" \
+  > "$R/bwd-steps.log" 2>&1
+echo "[$(el) s] steps rc=$?" | tee -a "$R/steps.log"
 kill "$SNAP" 2>/dev/null
 snap
 tail -c 3000 "$R/exact.log" 2>/dev/null
 grep -v '^ *$' "$R/bench.log" 2>/dev/null | tail -c 7000
 tail -c 1500 "$R/configs.log" 2>/dev/null
+cat "$R/bwd-steps.log" 2>/dev/null
 exit 0

@@ -54,22 +54,27 @@ GROUP = 16  # tokens per group: levels 1, 2, 4, 8 inside the kernel
 # The kernel's settings (its speed only; every setting computes the same sums): key columns per step of its loop,
 # warps per program, SCAN: the interval sums as segmented scans (else each row's masked sum over its group), DOT:
 # the level products as tl.dot (fp64 MMA; K_TILE >= 16) rather than broadcast products and sums.
-# ``DELTACHECK_CHUNKED_FUSED_CONFIG`` = "KTxWARPS" plus "s" (SCAN) and/or "d" (DOT), e.g. "16x4sd", overrides them.
-K_TILE = 8
+# PROD: each level's factors as segmented products of exp(g) (two exps per element: exp(g) and the columns' shifted
+# exp(g)) rather than the exp of each level's segmented sums (eleven exps per element).
+# ``DELTACHECK_CHUNKED_FUSED_CONFIG`` = "KTxWARPS" plus "s" (SCAN), "d" (DOT) and/or "p" (PROD), e.g. "16x4sdp",
+# overrides them.
+K_TILE = 16
 NUM_WARPS = 4
 SCAN = True
-DOT = False
+DOT = True
+PROD = False
 V_TILE = 32
 
 
-def config() -> tuple[int, int, bool, bool]:
-    """``(K_TILE, NUM_WARPS, SCAN, DOT)``: the module's, or ``DELTACHECK_CHUNKED_FUSED_CONFIG``'s where set."""
+def config() -> tuple[int, int, bool, bool, bool]:
+    """``(K_TILE, NUM_WARPS, SCAN, DOT, PROD)``: the module's, or ``DELTACHECK_CHUNKED_FUSED_CONFIG``'s where
+    set."""
     spec = os.environ.get("DELTACHECK_CHUNKED_FUSED_CONFIG", "").strip()
     if not spec:
-        return K_TILE, NUM_WARPS, SCAN, DOT
+        return K_TILE, NUM_WARPS, SCAN, DOT, PROD
     kt, rest = spec.split("x", 1)
     digits = "".join(ch for ch in rest if ch.isdigit())
-    return int(kt), int(digits), "s" in rest, "d" in rest
+    return int(kt), int(digits), "s" in rest, "d" in rest, "p" in rest
 
 
 FAILED = None  # the first failure of the kernel (a compile error, say): from then on the PyTorch path runs
@@ -97,7 +102,7 @@ def describe() -> str:
     if triton is None:
         return f"fused kernel unavailable (triton not importable: {IMPORT_ERROR})"
     return (f"fused kernel {'on' if enabled() else 'off'} (triton {triton.__version__}; FUSED={FUSED}, "
-            f"DELTACHECK_CHUNKED_FUSED={os.environ.get('DELTACHECK_CHUNKED_FUSED')!r}; K_TILE, NUM_WARPS, SCAN, DOT = "
+            f"DELTACHECK_CHUNKED_FUSED={os.environ.get('DELTACHECK_CHUNKED_FUSED')!r}; K_TILE, NUM_WARPS, SCAN, DOT, PROD = "
             f"{config()}; fp64 CUDA only)")
 
 
@@ -140,14 +145,14 @@ def start(q, k, v, g, b, w, chunk, keep=False):
     kq, kc, eg = (k.new_empty(B, C, 2, K), k.new_empty(B, C, K), k.new_empty(B, C, Kg)) if keep else (rows, cols, tot)
     tm = k.new_zeros(B, 2, C, C)
     tm[:, 0].diagonal(dim1=1, dim2=2).fill_(1.0)
-    kt, warps, scan, dot = config()
+    kt, warps, scan, dot, prod = config()
     kt = min(kt, triton.next_power_of_2(K))
     if dot:
         kt = max(kt, 16)  # tl.dot's smallest inner dimension (masked past K)
     vt = min(V_TILE, triton.next_power_of_2(V))
     _groups[(B, G)](q, k, b, g, w, v, rows, cols, wv, tot, agrp, tm, kq, kc, eg, Ls, N, H,
                     *_strides(q), *_strides(k), *_strides(b), *_strides(g), *_strides(w), *_strides(v),
-                    K=K, V=V, C=C, W=GROUP, KT=kt, VT=vt, SCAN=scan, DOT=dot,
+                    K=K, V=V, C=C, W=GROUP, KT=kt, VT=vt, SCAN=scan, DOT=dot, PROD=prod,
                     KEEP=bool(keep), KG=Kg, num_warps=warps)
     out = (tm, rows, cols, wv, tot[..., :Kg], agrp)
     return out + (kq, kc, eg) if keep else out
@@ -175,12 +180,36 @@ if triton is not None:
         return out
 
     @triton.jit
+    def _seg_mul(fa, va, fb, vb):
+        """The segmented product: flags mark a segment's first element, whose product restarts there."""
+        return fa | fb, tl.where(fb != 0, vb, va * vb)
+
+    @triton.jit
+    def _prefix_prod(vals, first, W: tl.constexpr, KT: tl.constexpr, SCAN: tl.constexpr):
+        """As :func:`_prefix` with products: per row i of ``vals [W, KT]`` (factors exp(g) <= 1), the product of the
+        rows from its segment's first row up to and including i."""
+        if SCAN:
+            flags = tl.broadcast_to(first.to(tl.int32), (W, KT))
+            _, out = tl.associative_scan((flags, vals), 0, _seg_mul)
+        else:  # every row's own masked product
+            r = tl.arange(0, W)
+            seg = tl.cumsum(first.to(tl.int32), axis=0)
+            same = (tl.reshape(seg, (W, 1, 1)) == tl.reshape(seg, (1, W, 1))) & (r[:, None, None] >= r[None, :, None])
+            out = tl.reduce(tl.where(same, vals[None, :, :], 1.0), 1, _mul)
+        return out
+
+    @triton.jit
+    def _mul(a, b):
+        return a * b
+
+    @triton.jit
     def _groups(q_ptr, k_ptr, b_ptr, g_ptr, w_ptr, v_ptr, rows_ptr, cols_ptr, wv_ptr, tot_ptr, agrp_ptr, tm_ptr,
                 kq_ptr, kc_ptr, eg_ptr, L, N, H,
                 sqn, sqt, sqh, sqd, skn, skt, skh, skd, sbn, sbt, sbh, sbd,
                 sgn, sgt, sgh, sgd, swn, swt, swh, swd, svn, svt, svh, svd,
                 K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, W: tl.constexpr, KT: tl.constexpr,
-                VT: tl.constexpr, SCAN: tl.constexpr, DOT: tl.constexpr, KEEP: tl.constexpr, KG: tl.constexpr):
+                VT: tl.constexpr, SCAN: tl.constexpr, DOT: tl.constexpr, PROD: tl.constexpr, KEEP: tl.constexpr,
+                KG: tl.constexpr):
         bidx = tl.program_id(0).to(tl.int64)  # chunk-major: ((chunk * N) + n) * H + h
         gi = tl.program_id(1).to(tl.int64)
         h = bidx % H
@@ -214,13 +243,20 @@ if triton is not None:
                          mask=nxt[:, None] & dm, other=0.0)
             kb = kv * bv
             qk += tl.sum(qv * kv, axis=1)
+            if PROD:  # exp(g) of the rows' tokens and of the columns' next tokens (1 past the group: exp(0))
+                eg = tl.exp(gv)
+                egn = tl.exp(gn)
             for lvl in tl.static_range(4):
                 s = 1 << lvl
                 # P_s(i): g over i's s-block up to i; Q_s(j): g over j's s-block after j (in reverse order, a
                 # prefix from the block's last token, whose own term is 0)
-                ep = tl.exp(_prefix(gv, (r % s == 0)[:, None], W, KT, SCAN))
                 last = (p % s == s - 1)[:, None]  # j is its s-block's last token
-                cp = kp * tl.exp(_prefix(tl.where(last, 0.0, gn), last, W, KT, SCAN))
+                if PROD:
+                    ep = _prefix_prod(eg, (r % s == 0)[:, None], W, KT, SCAN)
+                    cp = kp * _prefix_prod(tl.where(last, 1.0, egn), last, W, KT, SCAN)
+                else:
+                    ep = tl.exp(_prefix(gv, (r % s == 0)[:, None], W, KT, SCAN))
+                    cp = kp * tl.exp(_prefix(tl.where(last, 0.0, gn), last, W, KT, SCAN))
                 at_level = (i2 > j2) & ((i2 ^ j2) >= s) & ((i2 ^ j2) < 2 * s)  # j in the first half, i the second
                 if DOT:
                     pa = tl.dot(kb * ep, tl.trans(cp))
@@ -231,9 +267,13 @@ if triton is not None:
                 acc_a += tl.where(at_level, pa, 0.0)
                 acc_m += tl.where(at_level, pm, 0.0)
             # level 16's rows and columns: the group's inclusive prefix, exclusive suffix; and its total
-            ep = tl.exp(tl.cumsum(gv, axis=0))
             last = (p == W - 1)[:, None]
-            eq = tl.exp(_prefix(gn, last, W, KT, SCAN))
+            if PROD:
+                ep = tl.cumprod(eg, axis=0)
+                eq = _prefix_prod(egn, last, W, KT, SCAN)
+            else:
+                ep = tl.exp(tl.cumsum(gv, axis=0))
+                eq = tl.exp(_prefix(gn, last, W, KT, SCAN))
             tl.store(rows_ptr + ((row0 + r[:, None]) * 2) * K + d[None, :], kb * ep, mask=dm)
             tl.store(rows_ptr + ((row0 + r[:, None]) * 2 + 1) * K + d[None, :], qv * ep, mask=dm)
             tl.store(cols_ptr + (row0 + p[:, None]) * K + d[None, :], kp * eq, mask=dm)

@@ -1,0 +1,75 @@
+"""The chunked fp64 reference's forward+backward at the benchmark's size with the backward's segment budget varied
+(issue 28's step notes): one process, medians of ``--reps`` after a settle, peaks and the CPU time per call.
+
+    python bench/chunked_steps.py [--budgets-mib 32,64] [--reps 5] [--json OUT]
+
+Each row sets ``reference.chunked.BACKWARD_SEGMENT_BYTES`` (the forward keeps its own budget) and times
+``chunked_gdn2`` forward+backward (N=4 T=4096 H=16 K=V=128, fp64, CUDA): the median wall time (CUDA events), the
+median CPU time of the calling thread over the same calls (``time.thread_time``: how much of the wall the Python and
+launch work takes), and the peak memory above what was allocated before (with the inputs' gradients)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+from deltacheck.reference import chunked  # noqa: E402
+from deltacheck.reference.chunked import chunked_gdn2  # noqa: E402
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--budgets-mib", default="32,64")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--settle", type=float, default=3.0)
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    dev = torch.device("cuda")
+    x = common.make_inputs(4, 4096, 16, 128, 128, dev)
+    ins = [x[n] for n in ("q", "k", "v", "g", "b", "w", "h0")]
+    gen = torch.Generator().manual_seed(1)
+    do = torch.randn(4, 4096, 16, 128, generator=gen, dtype=torch.float64).to(dev)
+    ds = torch.randn(4, 16, 128, 128, generator=gen, dtype=torch.float64).to(dev)
+    step, prepare = common.fwdbwd_closure(ins, lambda t: chunked_gdn2(*t, 128**-0.5), lambda o, s: (do, ds))
+    default = chunked.BACKWARD_SEGMENT_BYTES
+    rows = []
+    common.settle(step, dev, a.settle)
+    for mib in (int(v) for v in a.budgets_mib.split(",")):
+        chunked.BACKWARD_SEGMENT_BYTES = mib * 2**20
+        for _ in range(2):
+            step()
+        common.sync(dev)
+        walls, cpus = [], []
+        for _ in range(a.reps):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            c0 = time.thread_time()
+            e0.record()
+            step()
+            e1.record()
+            c1 = time.thread_time()
+            e1.synchronize()
+            walls.append(e0.elapsed_time(e1))
+            cpus.append((c1 - c0) * 1e3)
+        peak = common.peak_extra(step, dev, prepare) / 2**30
+        row = {"backward_segment_mib": mib, "fwdbwd_ms": statistics.median(walls), "cpu_ms": statistics.median(cpus),
+               "peak_gib": peak}
+        rows.append(row)
+        print(f"backward segment budget {mib:4d} MiB: fwd+bwd {row['fwdbwd_ms']:7.2f} ms (CPU {row['cpu_ms']:7.2f} ms)"
+              f"  peak +{peak:.3f} GiB", flush=True)
+    chunked.BACKWARD_SEGMENT_BYTES = default
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
