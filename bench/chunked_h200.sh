@@ -19,7 +19,7 @@
 set -u
 WHO=${WHO:-h28}
 CAP=${CAP:-240}
-CONFIGS=${CONFIGS:-16x4sd,16x4sdp,32x4sdp,16x8sdp,16x2sdp,8x4sp}  # reference/chunked_fused.py settings tried in step 2
+CONFIGS=${CONFIGS:-16x2sdp,16x1sdp,32x2sdp,32x1sdp,8x2sdp,16x2sd}  # reference/chunked_fused.py settings tried in step 2
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 R="/tmp/$WHO-out"
@@ -74,9 +74,9 @@ DELTACHECK_RECORD_WINNERS="$R/winners" timeout $(( LEFT > 45 ? LEFT : 45 )) pyth
   --no-previous --no-graph --profile --json "$R/bench.json" > "$R/bench.log" 2>&1
 RC=$?; echo "[$(el) s] bench rc=$RC" | tee -a "$R/steps.log"
 
-# 4. the backward's segment budget, before (32 MiB: 512-token segments) and now (64 MiB): wall, CPU time, peak
+# 4. the backward's segment budget, now (64 MiB: 1024-token segments), before (32 MiB), now again: wall, CPU, peak
 LEFT=$(( CAP - 4 - $(el) ))
-[ "$LEFT" -gt 20 ] && timeout "$LEFT" python3 bench/chunked_steps.py --budgets-mib 32,64 --json "$R/bwd-steps.json" \
+[ "$LEFT" -gt 20 ] && timeout "$LEFT" python3 bench/chunked_steps.py --budgets-mib 64,32,64 --json "$R/bwd-steps.json" \
   > "$R/bwd-steps.log" 2>&1
 echo "[$(el) s] steps rc=$?" | tee -a "$R/steps.log"
 kill "$SNAP" 2>/dev/null

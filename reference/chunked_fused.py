@@ -59,10 +59,10 @@ GROUP = 16  # tokens per group: levels 1, 2, 4, 8 inside the kernel
 # ``DELTACHECK_CHUNKED_FUSED_CONFIG`` = "KTxWARPS" plus "s" (SCAN), "d" (DOT) and/or "p" (PROD), e.g. "16x4sdp",
 # overrides them.
 K_TILE = 16
-NUM_WARPS = 4
+NUM_WARPS = 2
 SCAN = True
 DOT = True
-PROD = False
+PROD = True
 V_TILE = 32
 
 
