@@ -74,7 +74,8 @@ DELTACHECK_RECORD_WINNERS="$R/winners" timeout $(( LEFT > 45 ? LEFT : 45 )) pyth
   --no-previous --no-graph --profile --json "$R/bench.json" > "$R/bench.log" 2>&1
 RC=$?; echo "[$(el) s] bench rc=$RC" | tee -a "$R/steps.log"
 
-# 4. the backward's segment budget, now (64 MiB: 1024-token segments), before (32 MiB), now again: wall, CPU, peak
+# 4. the backward's segment budget, now (64 MiB: 1024-token segments), before (32 MiB), now again: wall, CPU, peak;
+#    the forward with the state hand-off made in 4 (now) and 1 slices
 LEFT=$(( CAP - 4 - $(el) ))
 [ "$LEFT" -gt 20 ] && timeout "$LEFT" python3 bench/chunked_steps.py --budgets-mib 64,32,64 --json "$R/bwd-steps.json" \
   > "$R/bwd-steps.log" 2>&1
