@@ -19,7 +19,7 @@
 set -u
 WHO=${WHO:-h28}
 CAP=${CAP:-240}
-CONFIGS=${CONFIGS:-16x2sdp,16x1sdp,32x2sdp,32x1sdp,8x2sdp,16x2sd}  # reference/chunked_fused.py settings tried in step 2
+CONFIGS=${CONFIGS:-16x2sdpt,16x2sdp,16x1sdpt,32x2sdpt,8x2sdpt,16x2sdt}  # reference/chunked_fused.py settings tried in step 2
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 R="/tmp/$WHO-out"

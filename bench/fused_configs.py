@@ -3,7 +3,8 @@
     python bench/fused_configs.py [--configs 8x4s,16x4sd,...] [--reps 5] [--budget-s 60] [--jsonl OUT] [--best OUT]
     python bench/fused_configs.py --compile-only --configs C
 
-A setting is ``DELTACHECK_CHUNKED_FUSED_CONFIG``'s "KTxWARPS" plus "s" (segmented scans) and/or "d" (tl.dot);
+A setting is ``DELTACHECK_CHUNKED_FUSED_CONFIG``'s "KTxWARPS" plus "s" (segmented scans), "d" (tl.dot), "p" (products
+of exp(g)) and/or "t" (T's diagonal blocks in the kernel);
 settings change the kernel's speed, not what it computes. At N=4 T=4096 H=16 K=V=128, per setting: the kernel alone
 (``chunked_fused.start`` on the one 4096-token segment) and the whole fp64 forward, medians after warm-ups (the first
 call compiles), and the forward's rel RMS against the same forward with the kernel off; then the forward with the
@@ -30,7 +31,7 @@ import common  # noqa: E402
 from deltacheck.reference import chunked_fused  # noqa: E402
 from deltacheck.reference.chunked import chunked_gdn2  # noqa: E402
 
-CONFIGS = "8x4s,16x4sd,16x8sd,4x4s,16x4s,8x4"
+CONFIGS = "16x2sdpt,16x2sdp,16x4sd,16x1sdpt,32x2sdpt,8x4s"
 
 
 def main(argv=None):

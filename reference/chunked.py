@@ -54,9 +54,11 @@ from .chunked_segments import _backward_segment, _forms, _forward, _from_chunks,
 
 # Working-set targets, as bytes per activation-sized tensor of one segment (N*H*tokens*max(K, V)*itemsize):
 # a forward segment keeps about 7 such tensors alive at its peak (plus the output), a backward segment about
-# 25 (plus the output and the inputs' gradients, which exist whole). At N=4, H=16, K=V=128 in fp64 the forward
-# runs one 4096-token segment and the backward 512-token ones: peaks of 2.0 and 2.6 GiB, the latter with
-# 1.5 GiB of input gradients (bench/chunked.py --count).
+# 18 (plus the output and the inputs' gradients, which exist whole). At N=4, H=16, K=V=128 in fp64 the forward
+# runs one 4096-token segment and the backward 1024-token ones: peaks of 2.14 and 2.95 GiB, the latter with
+# 1.5 GiB of input gradients (bench/chunked.py --count; the same on an H200). The backward's segment count is what
+# multiplies its ~150 kernels per segment: 512-token segments (32 MiB) launched 2,174 kernels in all, 1024-token
+# ones 1,258, and the H200's forward+backward went from CPU-bound to 40.5 ms (bench/results/s6-h28/).
 FORWARD_SEGMENT_BYTES = 256 * 2**20
 BACKWARD_SEGMENT_BYTES = 64 * 2**20
 # Segments replayed from a CUDA graph may be shorter (the forward's a multiple of the backward's): launches cost

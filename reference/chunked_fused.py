@@ -54,27 +54,31 @@ GROUP = 16  # tokens per group: levels 1, 2, 4, 8 inside the kernel
 # The kernel's settings (its speed only; every setting computes the same sums): key columns per step of its loop,
 # warps per program, SCAN: the interval sums as segmented scans (else each row's masked sum over its group), DOT:
 # the level products as tl.dot (fp64 MMA; K_TILE >= 16) rather than broadcast products and sums.
+# TINV: T's diagonal 16 x 16 blocks (the inverse's levels 1..8) made in the kernel from A's pairs, T <- T - T X T per
+# level (X the level's pairs; T block-diagonal so far: exactly -T1 X T0 in each block), instead of A's pairs written out
+# and the recursion run in PyTorch (about 20 small kernels per segment).
 # PROD: each level's factors as segmented products of exp(g) (two exps per element: exp(g) and the columns' shifted
 # exp(g)) rather than the exp of each level's segmented sums (eleven exps per element).
-# ``DELTACHECK_CHUNKED_FUSED_CONFIG`` = "KTxWARPS" plus "s" (SCAN), "d" (DOT) and/or "p" (PROD), e.g. "16x4sdp",
-# overrides them.
+# ``DELTACHECK_CHUNKED_FUSED_CONFIG`` = "KTxWARPS" plus "s" (SCAN), "d" (DOT), "p" (PROD) and/or "t" (TINV), e.g.
+# "16x2sdpt", overrides them.
 K_TILE = 16
 NUM_WARPS = 2
 SCAN = True
 DOT = True
 PROD = True
+TINV = True
 V_TILE = 32
 
 
-def config() -> tuple[int, int, bool, bool, bool]:
-    """``(K_TILE, NUM_WARPS, SCAN, DOT, PROD)``: the module's, or ``DELTACHECK_CHUNKED_FUSED_CONFIG``'s where
+def config() -> tuple[int, int, bool, bool, bool, bool]:
+    """``(K_TILE, NUM_WARPS, SCAN, DOT, PROD, TINV)``: the module's, or ``DELTACHECK_CHUNKED_FUSED_CONFIG``'s where
     set."""
     spec = os.environ.get("DELTACHECK_CHUNKED_FUSED_CONFIG", "").strip()
     if not spec:
-        return K_TILE, NUM_WARPS, SCAN, DOT, PROD
+        return K_TILE, NUM_WARPS, SCAN, DOT, PROD, TINV
     kt, rest = spec.split("x", 1)
     digits = "".join(ch for ch in rest if ch.isdigit())
-    return int(kt), int(digits), "s" in rest, "d" in rest, "p" in rest
+    return int(kt), int(digits), "s" in rest, "d" in rest, "p" in rest, "t" in rest
 
 
 FAILED = None  # the first failure of the kernel (a compile error, say): from then on the PyTorch path runs
@@ -102,7 +106,7 @@ def describe() -> str:
     if triton is None:
         return f"fused kernel unavailable (triton not importable: {IMPORT_ERROR})"
     return (f"fused kernel {'on' if enabled() else 'off'} (triton {triton.__version__}; FUSED={FUSED}, "
-            f"DELTACHECK_CHUNKED_FUSED={os.environ.get('DELTACHECK_CHUNKED_FUSED')!r}; K_TILE, NUM_WARPS, SCAN, DOT, PROD = "
+            f"DELTACHECK_CHUNKED_FUSED={os.environ.get('DELTACHECK_CHUNKED_FUSED')!r}; K_TILE, NUM_WARPS, SCAN, DOT, PROD, TINV = "
             f"{config()}; fp64 CUDA only)")
 
 
@@ -126,9 +130,9 @@ def _strides(x):
 
 def start(q, k, v, g, b, w, chunk, keep=False):
     """The kernel over every 16-token group of a segment ``[N, Ls, H, D]`` (fp64): ``(tm, rows, cols, wv, tot,
-    agrp)`` with ``tm [B, 2, C, C]`` zero but for T's unit diagonal and M's diagonal 16-blocks, ``rows [B, C, 2,
-    K]`` and ``cols [B, C, K]`` scaled for level 16, ``wv [B, C, V]``, ``tot [B, C/16, Kg]`` and ``agrp [B, C/16,
-    16, 16]`` (A's pairs inside each group), B = nc*N*H chunk-major (``chunked_intra.chunk_view``). With ``keep``
+    agrp)`` with ``tm [B, 2, C, C]`` zero but for T's unit diagonal (with TINV: T's diagonal 16-blocks) and M's
+    diagonal 16-blocks, ``rows [B, C, 2, K]`` and ``cols [B, C, K]`` scaled for level 16, ``wv [B, C, V]``, ``tot [B,
+    C/16, Kg]`` and ``agrp [B, C/16, 16, 16]`` (A's pairs inside each group; None with TINV), B = nc*N*H chunk-major (``chunked_intra.chunk_view``). With ``keep``
     (the backward's recompute) also ``kq [B, C, 2, K]`` = (k*b, q), k ``[B, C, K]`` and exp(g) ``[B, C, Kg]`` in chunk
     layout, as ``(..., kq, k, eg)``."""
     N, Ls, H, K = k.shape
@@ -140,21 +144,22 @@ def start(q, k, v, g, b, w, chunk, keep=False):
     cols = k.new_empty(B, C, K)
     wv = k.new_empty(B, C, V)
     tot = k.new_empty(B, G, K)
-    agrp = k.new_empty(B, G, GROUP, GROUP)
+    kt, warps, scan, dot, prod, tinv = config()
+    agrp = k.new_empty(1) if tinv else k.new_empty(B, G, GROUP, GROUP)  # with TINV never written
     Kg = g.shape[-1]
     kq, kc, eg = (k.new_empty(B, C, 2, K), k.new_empty(B, C, K), k.new_empty(B, C, Kg)) if keep else (rows, cols, tot)
     tm = k.new_zeros(B, 2, C, C)
-    tm[:, 0].diagonal(dim1=1, dim2=2).fill_(1.0)
-    kt, warps, scan, dot, prod = config()
+    if not tinv:  # else the kernel writes T's diagonal blocks whole
+        tm[:, 0].diagonal(dim1=1, dim2=2).fill_(1.0)
     kt = min(kt, triton.next_power_of_2(K))
     if dot:
         kt = max(kt, 16)  # tl.dot's smallest inner dimension (masked past K)
     vt = min(V_TILE, triton.next_power_of_2(V))
     _groups[(B, G)](q, k, b, g, w, v, rows, cols, wv, tot, agrp, tm, kq, kc, eg, Ls, N, H,
                     *_strides(q), *_strides(k), *_strides(b), *_strides(g), *_strides(w), *_strides(v),
-                    K=K, V=V, C=C, W=GROUP, KT=kt, VT=vt, SCAN=scan, DOT=dot, PROD=prod,
+                    K=K, V=V, C=C, W=GROUP, KT=kt, VT=vt, SCAN=scan, DOT=dot, PROD=prod, TINV=tinv,
                     KEEP=bool(keep), KG=Kg, num_warps=warps)
-    out = (tm, rows, cols, wv, tot[..., :Kg], agrp)
+    out = (tm, rows, cols, wv, tot[..., :Kg], None if tinv else agrp)
     return out + (kq, kc, eg) if keep else out
 
 
@@ -199,6 +204,15 @@ if triton is not None:
         return out
 
     @triton.jit
+    def _mm(a, b, DOT: tl.constexpr):
+        """``a @ b`` of two ``[W, W]`` tiles: fp64 ``tl.dot``, or broadcast products and sums."""
+        if DOT:
+            out = tl.dot(a, b)
+        else:
+            out = tl.sum(a[:, :, None] * b[None, :, :], axis=1)
+        return out
+
+    @triton.jit
     def _mul(a, b):
         return a * b
 
@@ -208,8 +222,8 @@ if triton is not None:
                 sqn, sqt, sqh, sqd, skn, skt, skh, skd, sbn, sbt, sbh, sbd,
                 sgn, sgt, sgh, sgd, swn, swt, swh, swd, svn, svt, svh, svd,
                 K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, W: tl.constexpr, KT: tl.constexpr,
-                VT: tl.constexpr, SCAN: tl.constexpr, DOT: tl.constexpr, PROD: tl.constexpr, KEEP: tl.constexpr,
-                KG: tl.constexpr):
+                VT: tl.constexpr, SCAN: tl.constexpr, DOT: tl.constexpr, PROD: tl.constexpr, TINV: tl.constexpr,
+                KEEP: tl.constexpr, KG: tl.constexpr):
         bidx = tl.program_id(0).to(tl.int64)  # chunk-major: ((chunk * N) + n) * H + h
         gi = tl.program_id(1).to(tl.int64)
         h = bidx % H
@@ -283,7 +297,19 @@ if triton is not None:
                 tl.store(kq_ptr + ((row0 + r[:, None]) * 2 + 1) * K + d[None, :], qv, mask=dm)
                 tl.store(kc_ptr + (row0 + r[:, None]) * K + d[None, :], kv, mask=dm)
                 tl.store(eg_ptr + (row0 + r[:, None]) * KG + d[None, :], tl.exp(gv), mask=d[None, :] < KG)
-        tl.store(agrp_ptr + ((bidx * (C // W) + gi) * W + i2) * W + j2, acc_a)
+        if TINV:
+            # A in token order (acc_a's columns are tokens W-1 .. 0): times the reversal, exactly (one product of 1.0)
+            rr = r[:, None]
+            cc = r[None, :]
+            a_nat = _mm(acc_a, tl.where(rr + cc == W - 1, 1.0, 0.0).to(tl.float64), DOT)
+            t_blk = tl.where(rr == cc, 1.0, 0.0).to(tl.float64)
+            for lvl in tl.static_range(4):
+                s = 1 << lvl
+                x = tl.where((rr > cc) & ((rr ^ cc) >= s) & ((rr ^ cc) < 2 * s), a_nat, 0.0)
+                t_blk = t_blk - _mm(t_blk, _mm(x, t_blk, DOT), DOT)  # each 2s-block's -T1 X T0, below its diagonal
+            tl.store(tm_ptr + ((bidx * 2) * C + gi * W + rr) * C + gi * W + cc, t_blk)
+        else:
+            tl.store(agrp_ptr + ((bidx * (C // W) + gi) * W + i2) * W + j2, acc_a)
         m_blk = acc_m + tl.where(i2 == j2, qk[:, None], 0.0)  # the diagonal: q_i . k_i
         tl.store(tm_ptr + ((bidx * 2 + 1) * C + gi * W + i2) * C + gi * W + j2, m_blk)
         for e0 in range(0, V, VT):

@@ -268,7 +268,7 @@ def _fused_start(q, k, v, g, b, w, C, keep):
     (tm, rows, cols, wv, tot, agrp), kept = got[:6], (got[6:] if keep else (None, None, None))
     B, W = tm.shape[0], chunked_fused.GROUP
     G = C // W
-    s = 1
+    s = 1 if agrp is not None else W  # no A pairs: the kernel made T's blocks of levels 1..8 (chunked_fused.TINV)
     while s < W:
         nb, nw = C // (2 * s), W // (2 * s)
         f = agrp.view(B, G, nw, 2, s, nw, 2, s)[:, :, :, 1, :, :, 0]  # [B, G, nw, s, nw, s]
