@@ -1,12 +1,14 @@
 """Child process of tests/test_chunked_fused.py: the fused kernel (reference/chunked_fused.py) through Triton's
 interpreter on CPU tensors (TRITON_INTERPRET=1 must be set before triton is imported, hence a process of its own),
-against the token oracle and against the PyTorch path. Prints one JSON object: per case, the worst rel RMS over
-the output, the state and every input gradient, and how many times the kernel ran."""
+against the token oracle and against the PyTorch path. Prints one JSON object: the kernel's settings
+(``chunked_fused.config()``, DELTACHECK_CHUNKED_FUSED_CONFIG where set) and per case the worst rel RMS over the output,
+the state and every input gradient, and how many times the kernel ran."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import zlib
 
@@ -42,9 +44,11 @@ def both(fn):
 
 
 def main():
-    out = {"interpreting": chunked_fused._interpreting(), "cases": {}}
-    # the public API, every op and flag set, at chunk 16 (tiers' decays of -1000 on whole tokens and channels)
-    for op in ("gdn", "kda", "gdn2"):
+    out = {"interpreting": chunked_fused._interpreting(), "cases": {}, "config": chunked_fused.config()}
+    # the public API, every op and flag set, at chunk 16 (tiers' decays of -1000 on whole tokens and channels);
+    # FUSED_CHILD_CASES=core: only the core's cases below (a quicker run, for the kernel's other settings)
+    api = os.environ.get("FUSED_CHILD_CASES", "all") != "core"
+    for op in ("gdn", "kda", "gdn2") if api else ():
         for flagset in T.FLAGSETS:
             for profile, L in (("extreme", 37), ("steep", 16)):
                 built = T.build(op, flagset, profile, L, seed=zlib.crc32(f"{op}-{flagset}-{profile}".encode()) % 1000)

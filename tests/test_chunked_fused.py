@@ -90,6 +90,29 @@ def test_the_kernel_through_the_interpreter_is_exact():
     assert not bad, bad
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not importable (CI has none): the fused kernel needs it; "
+                    "install it with pip --target DIR and put DIR on PYTHONPATH to run this through its interpreter")
+@pytest.mark.parametrize("spec,want", [("16x4sd", (16, 4, True, True, False, False)),
+                                       ("8x4s", (8, 4, True, False, False, False)),
+                                       ("8x2pt", (8, 2, False, False, True, True))])
+def test_the_kernels_other_settings_are_exact(spec, want):
+    """The settings the default does not take (exp of the interval sums instead of products, A's pairs written out
+    and T's small levels in PyTorch, broadcast sums instead of tl.dot, masked sums instead of scans), on the core's
+    cases: the same bounds."""
+    env = {**ENV, "TRITON_INTERPRET": "1", "FUSED_CHILD_CASES": "core", "DELTACHECK_CHUNKED_FUSED_CONFIG": spec}
+    env.pop("DELTACHECK_CHUNKED_FUSED", None)
+    proc = subprocess.run([sys.executable, str(TESTS / "fused_child.py")], env=env, capture_output=True, text=True,
+                          timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    assert got["interpreting"] and tuple(got["config"]) == want
+    assert len(got["cases"]) == 5
+    bad = {n: c for n, c in got["cases"].items()
+           if not (isinstance(c["oracle"], float) and c["oracle"] <= TOL64 and c["kernel_calls"] >= 2
+                   and isinstance(c["plain"], float) and c["plain"] <= TOL64)}
+    assert not bad, bad
+
+
 def test_a_failing_kernel_falls_back_to_the_pytorch_path(monkeypatch):
     """A kernel that cannot compile or run (say, no fp64 exp on some GPU) warns once, is off for the process, and the
     result is the PyTorch path's, bit for bit."""
