@@ -77,13 +77,23 @@ RC=$?; echo "[$(el) s] bench rc=$RC" | tee -a "$R/steps.log"
 # 4. the backward's segment budget, now (64 MiB: 1024-token segments), before (32 MiB), now again: wall, CPU, peak;
 #    the forward with the state hand-off made in 4 (now) and 1 slices
 LEFT=$(( CAP - 4 - $(el) ))
-[ "$LEFT" -gt 20 ] && timeout "$LEFT" python3 bench/chunked_steps.py --budgets-mib 64,32,64 --json "$R/bwd-steps.json" \
+[ "$LEFT" -gt 20 ] && timeout "$(( LEFT < 40 ? LEFT : 40 ))" python3 bench/chunked_steps.py --budgets-mib 64,32,64 --json "$R/bwd-steps.json" \
   > "$R/bwd-steps.log" 2>&1
 echo "[$(el) s] steps rc=$?" | tee -a "$R/steps.log"
+
+# 5. the side-by-side run again with the forward's state hand-off made in one slice instead of four (more memory, fewer
+#    kernels), when there is time: the fp64 rows and FLA's, one process
+LEFT=$(( CAP - 3 - $(el) ))
+if [ "$LEFT" -gt 45 ]; then
+  DELTACHECK_CHUNKED_HANDOFF_SLICES=1 timeout "$LEFT" python3 bench/chunked.py --no-previous --no-graph --no-unfused \
+    --no-exact --json "$R/bench-slices1.json" > "$R/bench-slices1.log" 2>&1
+  echo "[$(el) s] bench (1 slice) rc=$?" | tee -a "$R/steps.log"
+fi
 kill "$SNAP" 2>/dev/null
 snap
 tail -c 3000 "$R/exact.log" 2>/dev/null
 grep -v '^ *$' "$R/bench.log" 2>/dev/null | tail -c 7000
 tail -c 1500 "$R/configs.log" 2>/dev/null
 cat "$R/bwd-steps.log" 2>/dev/null
+grep -E "^(chunked|fla)|x  " "$R/bench-slices1.log" 2>/dev/null
 exit 0

@@ -16,6 +16,7 @@ segments be short enough for their tensors to stay in the L2 cache between kerne
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
@@ -106,7 +107,8 @@ def _run_states(p, states):
 
 # The hand-off matrices of a segment's chunks (P, the states, at K = V = 2C four activation-sized tensors per
 # chunk) are made and used a quarter of the chunks at a time.
-HANDOFF_SLICES = 4
+# ``DELTACHECK_CHUNKED_HANDOFF_SLICES`` (read at import) overrides it, for a benchmark's side-by-side run.
+HANDOFF_SLICES = max(1, int(os.environ.get("DELTACHECK_CHUNKED_HANDOFF_SLICES", "4") or 4))
 
 
 def _forward_segment(plan, ins, s, keep_every=None):
