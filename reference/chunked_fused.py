@@ -66,7 +66,7 @@ NUM_WARPS = 2
 SCAN = True
 DOT = True
 PROD = True
-TINV = True
+TINV = False
 V_TILE = 32
 
 
