@@ -162,6 +162,7 @@ def _pytest(*argv):
     (["--dc-limit", "0"], "--dc-limit"), (["--dc-limit", "-1"], "--dc-limit"),
     (["--dc-device", "cuda:7"], "--dc-device cuda:7"), (["--dc-k", "and and"], "--dc-k"),
     (["--dc-backend", "nosuch"], "unknown backend"),
+    (["--dc-backend", "fla", "--dc-backend", "fla-dispatch"], "cannot run beside"),
 ])
 def test_the_pytest_plugin_refuses_what_the_cli_refuses_once(argv, says):
     proc = _pytest("--dc-backend", "oracle", *argv) if "--dc-backend" not in argv else _pytest(*argv)
