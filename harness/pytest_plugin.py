@@ -105,10 +105,12 @@ def pytest_configure(config):
 
 def _check_usage(config) -> None:
     """What `deltacheck run` refuses before it starts, refused once here too (a usage error, not one error per
-    item): an unusable --dc-device, a malformed --dc-k, an unknown backend name."""
+    item): an unusable --dc-device, a malformed --dc-k, an unknown backend name, backends that cannot share a
+    process."""
     from deltacheck.cases.kexpr import KExprError, compile_k
 
     from .backends.base import registered
+    from .backends.table import process_conflict
     from .machine.environment import device_problem
 
     device = config.getoption("--dc-device")
@@ -123,6 +125,9 @@ def _check_usage(config) -> None:
     unknown = [s for s in _specs(config) if ":" not in s and s not in registered()]
     if unknown:
         raise pytest.UsageError(unknown_backends_message(unknown, "--dc-backend"))
+    conflict = process_conflict(_specs(config))  # one test process (or xdist worker) runs every backend
+    if conflict:
+        raise pytest.UsageError(conflict)
 
 
 def _worker_id(config) -> str | None:

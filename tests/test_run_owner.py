@@ -102,6 +102,50 @@ def test_an_unknown_backend_name_is_refused_before_anything_starts(tmp_path, run
     assert not out.exists()
 
 
+@pytest.mark.parametrize("extra", [["-j", "1"], ["-j", "3"], ["-j", "3", "--dry-run"], ["--in-process"]])
+def test_fla_beside_fla_dispatch_is_refused_before_anything_starts(tmp_path, run_cli, extra):
+    """FLA reads its dispatch switch once per process: a worker that ran `fla` would judge `fla-dispatch` with
+    dispatch off (and the reverse), whichever -j. The run is refused, saying why and what to do instead."""
+    out = tmp_path / "runs"
+    argv = ["run", "--backend", "fla", "--backend", "fla-dispatch", "--case", CASE_IDS[0], "--out", str(out)]
+    rc, text = run_cli(argv + extra)
+    assert rc == 2, text
+    assert "fla cannot run beside fla-dispatch in one run" in text and "FLA_DISABLE_BACKEND_DISPATCH" in text, text
+    assert "two runs" in text and "deltacheck merge" in text, text
+    assert not out.exists(), "nothing may start: no run directory"
+
+
+@pytest.mark.parametrize("backends, refused", [
+    (["fla", "fla-recurrent", "fake_backends:Working"], False),
+    (["fla-dispatch", "fla-dispatch-cp", "flashqla"], False),
+    (["fla-recurrent", "cudnn", "fla-dispatch-cp"], True),
+    (["fla-dispatch", "fla"], True),
+])
+def test_which_backends_cannot_share_a_process(backends, refused):
+    from deltacheck.harness.backends.table import process_conflict
+
+    assert (process_conflict(backends) is not None) == refused
+
+
+def test_no_lane_family_mixes_backends_that_cannot_share_a_process():
+    from deltacheck.harness.backends.table import process_conflict
+    from deltacheck.harness.ci.families import FAMILIES
+
+    assert {f.name: process_conflict(f.backends) for f in FAMILIES} == {f.name: None for f in FAMILIES}
+
+
+def test_the_serving_run_and_the_frontier_refuse_the_pair_too(tmp_path, run_cli, capsys):
+    from deltacheck.harness.run import serving_run
+
+    with pytest.raises(SystemExit) as exit_:
+        serving_run.main(["--backend", "fla-dispatch", "--backend", "fla", "--case", CASE_IDS[0]])
+    assert exit_.value.code == 2 and "cannot run beside" in capsys.readouterr().err
+    rc, text = run_cli(["frontier", "--backend", "fla", "--backend", "fla-dispatch", "--op", "gdn", "--out",
+                        str(tmp_path / "f")])
+    assert rc == 2 and "cannot run beside" in text, text
+    assert not (tmp_path / "f").exists()
+
+
 @pytest.mark.parametrize("setting", ["nosuch:gdn2", "cudnn:gdn9"])
 def test_a_required_pair_naming_an_unknown_backend_or_op_is_a_configuration_error(tmp_path, run_cli, setting):
     rc, text = run_cli(["run", "--backend", "oracle", "--limit", "1", "--out", str(tmp_path), "--in-process"],
@@ -118,6 +162,7 @@ def _pytest(*argv):
     (["--dc-limit", "0"], "--dc-limit"), (["--dc-limit", "-1"], "--dc-limit"),
     (["--dc-device", "cuda:7"], "--dc-device cuda:7"), (["--dc-k", "and and"], "--dc-k"),
     (["--dc-backend", "nosuch"], "unknown backend"),
+    (["--dc-backend", "fla", "--dc-backend", "fla-dispatch"], "cannot run beside"),
 ])
 def test_the_pytest_plugin_refuses_what_the_cli_refuses_once(argv, says):
     proc = _pytest("--dc-backend", "oracle", *argv) if "--dc-backend" not in argv else _pytest(*argv)

@@ -93,6 +93,36 @@ TIER_ON_DEMAND: tuple[str, ...] = tuple(n for b in BUILTINS if b.envelopes and n
 LANES_DEFAULT: tuple[str, ...] = tuple(n for b in BUILTINS for n in b.lanes)
 
 
+# Backends that need one process-wide library setting each way: a process holds only one side, so a run (or one
+# worker of it) must not mix them. FLA reads FLA_DISABLE_BACKEND_DISPATCH once, when fla is first imported
+# (fla/backends.py:27): `fla` / `fla-recurrent` import it with dispatch off, `fla-dispatch` / `fla-dispatch-cp` need
+# it on. A worker of a run naming both sides would judge whichever came second the wrong way (fla-dispatch declines
+# every case; fla runs other packages' kernels), and which came first depends on -j and the queue's order.
+PROCESS_EXCLUSIVE: tuple[tuple[str, tuple[tuple[str, ...], ...]], ...] = (
+    ("FLA reads FLA_DISABLE_BACKEND_DISPATCH once per process, when fla is first imported (fla/backends.py:27): "
+     "'fla' and 'fla-recurrent' import it with dispatch off, 'fla-dispatch' and 'fla-dispatch-cp' need it on",
+     (("fla", "fla-recurrent"), ("fla-dispatch", "fla-dispatch-cp"))),
+)
+
+
+def process_conflict(specs) -> str | None:
+    """Why ``specs`` (the backends of one run, or of one process) cannot share a process, with what to do instead;
+    None when they can. Only the named backends count: a plug-in (``pkg.mod:attr``) is never in a group."""
+    named = list(dict.fromkeys(specs))
+    for why, sides in PROCESS_EXCLUSIVE:
+        found = [[s for s in named if s in side] for side in sides]
+        if sum(bool(f) for f in found) < 2:
+            continue
+        first, second = [f for f in found if f][:2]
+        a, b = " ".join(f"--backend {s}" for s in first), " ".join(f"--backend {s}" for s in second)
+        return (f"{' and '.join(first)} cannot run beside {' and '.join(second)} in one run: {why}, so a worker "
+                "that ran one side first would judge the other with dispatch the wrong way, and which side a "
+                "worker meets first depends on -j and the queue. Run them as two runs of the same selection and "
+                f"fold them with merge: `deltacheck run ... {a} --out runs/a`, `deltacheck run ... {b} --out "
+                "runs/b`, then `deltacheck merge runs/a/<RUN> runs/b/<RUN> --out runs/both` (docs/ci.md)")
+    return None
+
+
 def help_names() -> str:
     """Every built-in name for a ``--backend`` help text (``cudnn@<engine>`` for a family)."""
     names = [n.replace("@*", "@<engine>") for b in BUILTINS[1:] + BUILTINS[:1] for n in b.names]

@@ -15,6 +15,7 @@ from pathlib import Path
 from deltacheck.cases import Case, CaseError
 from deltacheck.cases.spec import IO_DTYPES
 from deltacheck.cases.support import OPS
+from deltacheck.harness.backends.table import process_conflict
 from deltacheck.harness.judge.checks import repro_command
 from deltacheck.harness.judge.runner import RunOptions
 from deltacheck.harness.machine.availability import load_backend
@@ -127,6 +128,9 @@ def measure(args, stream=None) -> int:
     stream = stream or sys.stdout
     ops, dtypes, axes = args.op, args.dtype or ["bf16"], args.axis or ["gate"]
     _check_names(ops, dtypes, axes)
+    conflict = process_conflict(args.backend)  # one worker judges every backend's points
+    if conflict:
+        raise UsageError(conflict)
     backends = _backends(args.backend, ops)
     base_given = _given_base(args.base_case, ops, dtypes, axes)
     device = _device(args.device)

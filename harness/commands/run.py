@@ -15,7 +15,7 @@ from typing import Any
 from deltacheck.cases import Case, CaseError
 from deltacheck.cases.support import OPS
 from deltacheck.harness.backends.base import Verdict, registered, unknown_backends_message
-from deltacheck.harness.backends.table import FUSED_DEFAULT, help_names
+from deltacheck.harness.backends.table import FUSED_DEFAULT, help_names, process_conflict
 from deltacheck.harness.ci.known import KnownIssuesError, known_issue_paths, load_known_issues, run_backend_names
 from deltacheck.harness.ci.required import RequireSpecError, format_required_report, required_failures, required_pairs
 from deltacheck.harness.ci.shards import Shard, ShardError, pairs_elsewhere, shard_cases
@@ -171,6 +171,10 @@ def cmd_run(args) -> int:
     unknown = [s for s in specs if ":" not in s and s not in registered()]
     if unknown:  # before a run directory, a worker or a minute is spent on it
         print(f"deltacheck run: {unknown_backends_message(unknown)}", file=sys.stderr)
+        return 2
+    conflict = process_conflict(specs)
+    if conflict:  # before --dry-run too: it asks every backend in this one process
+        print(f"deltacheck run: {conflict}", file=sys.stderr)
         return 2
     leaks.filter_at_exit()  # --in-process and --dry-run import the libraries here: cuDNN's leak report at exit
     problem = device_problem(args.device, '--device') if args.device else None

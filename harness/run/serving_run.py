@@ -29,6 +29,7 @@ from types import SimpleNamespace
 from deltacheck.cases.serving import check_for, serving_cases
 
 from ..backends.base import backend_for
+from ..backends.table import process_conflict
 from ..ci.known import applicable, format_known_report, mark_known, no_longer_reproduces, outcomes
 from ..judge.invariance_checks import INVARIANCE_CHECKS
 from ..judge.serving_checks import SERVING_CHECKS
@@ -213,6 +214,9 @@ def main(argv=None) -> int:
                              "DELTACHECK_KNOWN_ISSUES")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    conflict = process_conflict(args.backend)  # every backend runs in this one process
+    if conflict:
+        parser.error(conflict)
     from ..ci.known import KnownIssuesError, known_issue_paths, load_known_issues, run_backend_names
 
     try:
