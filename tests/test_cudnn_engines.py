@@ -594,3 +594,20 @@ def test_fes_cached_unpinned_graph_is_a_decline_not_another_engines_result():
         with pytest.raises(adapter.RunDeclined, match="no kda_hopper plan for this graph"):
             fresh.run(case, make_inputs(case))
     assert double.calls[-1]["plan_name"] == "kda_hopper" and fresh.served() == {"engine": "kda_frost"}
+
+
+def test_another_engines_failure_on_fes_cached_graph_is_the_pins_decline():
+    """The cached unpinned graph's engine fails to run (on the H200 without the cuTile toolchain, kda_cutile cannot
+    compile): still the pin's decline, naming the engine FE took, not that engine's error."""
+    double = cudnn_la.make(engine_decline=_hopper_scope, plan_cache=True)
+
+    def execute_graph(graph, *args):
+        if graph.selected_engine.name != "kda_hopper":
+            raise FileNotFoundError("tileiras not found (test)")
+
+    double.ops.kda.execute_graph = execute_graph
+    backend = adapter.CudnnEngineBackend("kda_hopper", double, device="cpu")
+    assert not backend.check(Case(**S5_BASE, seqlens=(4, 6), gate="steep"), ENV).runnable
+    v = backend.check(Case(**S5_BASE, seqlens=(5, 4), gate="zero", state_dtype="bf16"), ENV)
+    assert not v.runnable and "FE served it with kda_frost instead" in v.reason, v.reason
+    assert "tileiras" not in v.reason

@@ -177,15 +177,19 @@ class CudnnBackend(CudnnServing):
         start = len(_SEEN)
         self._served = None
         try:
-            o, final_state, *series = op(*args, **kwargs)
-            self._checkpoints = series[0] if series else None
+            try:
+                o, final_state, *series = op(*args, **kwargs)
+                self._checkpoints = series[0] if series else None
+            finally:
+                seen = _SEEN[start:]
+                del _SEEN[:]
+                self._served = seen[0] if seen else ("not recorded (no execute_graph seen)" if watched else
+                                                     "not recorded (this FE has no ops.<op>.execute_graph)")
         except self._declined_errors() as exc:  # FE's refusal of this very call: a decline, with the fix
             raise RunDeclined(self._decline_reason(case, exc)) from exc
-        finally:
-            seen = _SEEN[start:]
-            del _SEEN[:]
-            self._served = seen[0] if seen else ("not recorded (no execute_graph seen)" if watched else
-                                                 "not recorded (this FE has no ops.<op>.execute_graph)")
+        except Exception:
+            self._check_pin(case)  # another engine's failure (e.g. its compile) is the pin's decline, not an error
+            raise
         self._check_pin(case)
         o, final_state = contiguous_grad(o), contiguous_grad(final_state)  # gradients.py: FE refuses strided ones
         return from_thd(o, layout, case.N), state_from_cudnn(final_state), notes
