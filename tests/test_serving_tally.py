@@ -104,3 +104,24 @@ def test_the_tally_over_s4_r2_and_s5_leaves_no_failure_and_no_error(tally, tmp_p
     assert counts["cudnn@kda_hopper causality"] == {"passed": 5, "known": 2, "declined": 110}
     assert counts["cudnn@kda_hopper_cuda graph_replay"] == {"passed": 36, "known": 4, "declined": 77}
     assert not any(c.get("failed") or c.get("error") for c in counts.values())
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/serving.md"])
+def test_the_documented_table_is_the_tallys(tally, tmp_path, capsys, doc):
+    """Every row of the table in the README and docs/serving.md is a row the tally prints over the recorded results
+    (S4 + R2 + S5; W2 for vllm-fla-recurrent and flashkda), and every row it prints is there."""
+    import tarfile
+
+    with tarfile.open(REPO / "bench/results/s5/d26-S5.tgz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    tally.main([str(S4), str(R2), str(tmp_path / "d26-s5"), "--markdown"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    tally.main([str(REPO / "bench/results/serving-h200-w26"), "--backend", "vllm-fla-recurrent", "--backend",
+                "flashkda", "--markdown"])
+    w2 = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    w2 = [line.replace("| flashkda |", "| flashkda (W2) |").replace("| vllm-fla-recurrent |",
+                                                                   "| vllm-fla-recurrent (W2) |") for line in w2]
+    text = (REPO / doc).read_text()
+    start = text.index(rows[0])
+    documented = text[start:text.index("\n\n", start)].splitlines()
+    assert documented == rows + w2
