@@ -2,6 +2,7 @@
 session 5's S5), with the known-issue entries applied, each planned pair counted once.
 
     python bench/serving_i26_tally.py DIR... [--json out.json] [--markdown] [--no-known] [--version KEY=VER ...]
+                                             [--backend NAME ...]
 
 DIR: unpacked result folders (every serving results JSONL below them is read, a run directory's results.jsonl of
 ``deltacheck run`` is not; a pair's last result wins, DIRs in the order given). Prints
@@ -15,6 +16,10 @@ pair is a decline when it lies before its process's cut and unreached after it. 
 session-5 case lists (bench/serving_i26_s5_cases/, bench/serving_i26_s5_lists.py): a missing pair is not run when its
 case is on its backend's list (or the backend ran only in session 5, whose files record declines), else an
 unrecorded decline (counted in declined and reported on a line of its own).
+
+Refused pins (``redeclare_refused_pins``): the pinned cuDNN engines' errors "no <engine> plan for this graph" of the
+records made before the pinned-engine fix, and that backend's other results on the same case (another engine's, on
+FE's cached unpinned graph), count as declined, as the fixed adapter records them; a ``REDECLARED`` line names each.
 
 Known issues: the shipped table (plus ``--known-issues FILE``) applied as ``serving_run`` applies it
 (``serving_run.apply_known``: idempotent, so results already marked ``known`` stay so), on an environment with the
@@ -49,6 +54,8 @@ PLANS = {
     "flashinfer": (ALL_CHECKS, ("gdn",), "s5"), "flashinfer-decode": (ALL_CHECKS, ("gdn",), "s5"),
     "cudnn@kda_hopper": (PAIR, ("kda",), "s5"), "cudnn@kda_hopper_cuda": (PAIR, ("kda",), "s5"),
     "fla-dispatch": (PAIR, None, "s5"),
+    # the second session's call (bench/results/serving-h200-w26, `--backend` them alone): both finished there
+    "vllm-fla-recurrent": (ALL_CHECKS, None, None), "flashkda": (PAIR, None, None),
 }
 # The versions of the H200 calls (docs/serving.md; flashinfer: session 5's 0.7.2.post1).
 VERSIONS = {"cudnn_frontend": "1.32.0", "fla": "0.6.0", "triton": "3.6.0", "vllm": "0.33.0", "flash_qla": "0.1.3",
@@ -90,6 +97,37 @@ def unreached(backend: str, lists: pathlib.Path = LISTS) -> set[str] | None:
         for path in lists.glob(f"{prefix}*.txt"):
             ids |= {line.strip() for line in path.read_text().splitlines() if line.strip()}
     return ids
+
+
+def redeclare_refused_pins(results: dict[tuple, dict]) -> list[str]:
+    """The records made before the pinned-engine fix (session 5): FE's refusal of a pin at the call was recorded as
+    an error ("cudnnGraphNotSupportedError: no <engine> plan for this graph (offered: [...])"), and every later
+    call of that backend on that case met the unpinned graph FE had cached for the refused pin, so its results
+    (graph replay "passed") are another engine's. The adapter now declines both (``RunDeclined``: the refusal, and
+    a pinned call served by another engine); this applies the same rule to the records: every result of such a
+    backend x case becomes ``declined`` with FE's words and the engines it offered. Returns a line per result."""
+    from deltacheck.harness.backends.cudnn.adapter import _offered
+    from deltacheck.harness.backends.cudnn.facts import engine_backend
+
+    refused = {}
+    for (backend, _, case), r in results.items():
+        engine = backend.split("@", 1)[1] if backend.startswith("cudnn@") else None
+        text = r.get("reason", "")
+        if engine and r["status"] == "error" and f"no {engine} plan for this graph" in text:
+            refused[(backend, case)] = text.split(": ", 1)[-1]
+    lines = []
+    for (backend, check, case), r in sorted(results.items()):
+        if (backend, case) not in refused or r["status"] == "declined":
+            continue
+        engine, words = backend.split("@", 1)[1], refused[(backend, case)]
+        offered = ", ".join(engine_backend(e) for e in _offered(words))
+        was = r["status"]
+        lines.append(f"REDECLARED {backend} {check} {case}: recorded {was}")
+        r["status"] = "declined"
+        r["reason"] = (f"cuDNN declined (plan_name={engine!r}): {words}; served by {offered} (or routed `cudnn`), not "
+                       f"by {engine} (recorded {was} before the pinned-engine fix: FE's refusal at the call, "
+                       "or another engine's result on FE's cached unpinned graph)")
+    return lines
 
 
 def tally(results: dict[tuple, dict], lists: pathlib.Path = LISTS):
@@ -135,15 +173,21 @@ def main(argv=None) -> int:
     parser.add_argument("dirs", nargs="+")
     parser.add_argument("--json", default=None)
     parser.add_argument("--markdown", action="store_true", help="the table as Markdown (README / note)")
-    parser.add_argument("--no-known", action="store_true", help="count the statuses as recorded")
+    parser.add_argument("--no-known", action="store_true", help="count the statuses as recorded (no known-issue "
+                        "entries, no refused pins re-declared)")
     parser.add_argument("--known-issues", action="append", default=[], metavar="FILE")
     parser.add_argument("--version", action="append", default=[], metavar="KEY=VER",
                         help="an Env.versions entry for the known issues (default: the H200 calls' versions)")
+    parser.add_argument("--backend", action="append", default=[], metavar="NAME",
+                        help="only these backends' results (repeatable; default every backend found)")
     parser.add_argument("--lists", default=str(LISTS), help="the session-5 case lists (the unreached cases)")
     args = parser.parse_args(argv)
     results = read(args.dirs)
-    gone = []
+    if args.backend:
+        results = {k: r for k, r in results.items() if k[0] in args.backend}
+    gone, redeclared = [], []
     if not args.no_known:
+        redeclared = redeclare_refused_pins(results)
         from deltacheck.harness.backends.base import backend_for
         from deltacheck.harness.ci.known import format_known_report, known_issue_paths, load_known_issues
 
@@ -162,6 +206,8 @@ def main(argv=None) -> int:
             print(f"{backend} {check} {ran} " + " ".join(str(c[k]) for k in COLS))
         for key, n in sorted(inferred.items()):
             print(f"unrecorded declines (before the cut of a session-4 process): {' '.join(key)} {n}")
+    for line in redeclared:
+        print(line)
     for r in results.values():
         if r["status"] in ("failed", "error"):
             print(f"{r['status'].upper()} {r['backend']} {r['check']} {r['case']}: {r.get('reason', '')[:300]}")

@@ -214,8 +214,9 @@ def test_a_declined_pin_is_a_decline_listing_what_was_offered():
     v = backend.check(Case(op="kda", seqlens=(4,), l2norm=True), ENV)
     assert not v.runnable
     assert v.reason == ("cuDNN declined (plan_name='kda_hopper'): no kda_hopper plan for this graph "
-                        "(offered: ['kda_frost', 'kda_cutile', 'kda_hopper_cuda']); outside kda_hopper's gate "
-                        "(docs/libraries.md): dims=64x64 (serves 128x128)")
+                        "(offered: ['kda_frost', 'kda_cutile', 'kda_hopper_cuda']); served by cudnn@kda_frost, "
+                        "cudnn@kda_cutile, cudnn@kda_hopper_cuda (or routed `cudnn`), not by kda_hopper; outside "
+                        "kda_hopper's gate (docs/libraries.md): dims=64x64 (serves 128x128)")
     assert backend.check(Case(op="kda", seqlens=(4,)), ENV).runnable
     # the routing backend, on the same double, is served by the next engine instead
     routed = adapter.CudnnBackend(double, device="cpu")
@@ -523,3 +524,90 @@ def test_the_pinned_envelopes_admit_the_state_they_convert():
     assert routed["cudnn gdn_cutile"].allowed["state_dtype"] == ("fp32",)  # cuDNN's own routing does not convert
     (hopper_cuda,) = facts.engine_envelopes("kda_hopper_cuda")
     assert "state_dtype" not in hopper_cuda.allowed  # it takes bf16 states itself
+
+
+# ------------------------------------------------------------------------------------------------
+# A pin FE refuses at the call is a decline, never an error, and never another engine's result (issue 26, S5)
+#
+# Session 5's H200 serving run recorded `cudnn@kda_hopper` causality as an error on 6 cases (kda_hopper_cuda: 1) with
+# "cudnnGraphNotSupportedError: no kda_hopper plan for this graph (offered: ['kda_hopper_cuda', 'kda_cutile'])",
+# and then graph replay on the same cases as passed: FE 1.32 caches a graph before it pins the plan, so the refused
+# pin leaves an unpinned graph behind and the next call of that configuration ran on kda_hopper_cuda. The probe was
+# fooled the same way (a bf16-state case converts to fp32 for kda_hopper: the probe's FE key was an earlier refusal's).
+
+def _long_only(engine, fn, call):
+    """kda_hopper refuses any call over more than one token: a refusal the one-token probe cannot see."""
+    return "KdaHopperEngine: (test) one token only" if engine == "kda_hopper" and call["q"].shape[0] > 1 else None
+
+
+def _replaying(backend):
+    backend.capture_graph = lambda case, static: (lambda: backend.run(case, static))  # a CPU stand-in for a graph
+    return backend
+
+
+S5_BASE = dict(op="kda", layout="thd", K=128, V=128, H=2, HK=2, HV=2, l2norm=True, initial_state=True)
+
+
+@pytest.mark.parametrize("plan_cache", [False, True])
+def test_a_pin_refused_at_the_call_is_a_decline_naming_the_engines_that_serve(plan_cache):
+    from deltacheck.harness.judge.invariance_checks import causality, graph_replay
+
+    double = cudnn_la.make(engine_decline=_long_only, plan_cache=plan_cache)
+    backend = _replaying(adapter.CudnnEngineBackend("kda_hopper", double, device="cpu"))
+    case = Case(op="kda", layout="thd", seqlens=(6, 4), K=128, V=128)
+    assert backend.check(case, ENV).runnable  # the probe's one token is served
+    for check in (causality, graph_replay, causality):  # the second causality meets FE's cached graph (plan_cache)
+        r = check(backend, case, ENV, device="cpu")
+        assert r.status == "declined", (r.status, r.reason)
+        assert r.reason.startswith("cuDNN declined (plan_name='kda_hopper'): no kda_hopper plan for this graph"), r.reason
+        assert "served by cudnn@kda_frost" in r.reason and "(or routed `cudnn`), not by kda_hopper" in r.reason
+        assert "served by cudnn@kda_frost, cudnn@kda_cutile, cudnn@kda_hopper_cuda" in r.reason or (
+            plan_cache and "FE served it with kda_frost instead" in r.reason), r.reason
+    # deltacheck run: every check a decline (skip) with that reason, none an error
+    results = CaseRunner(RunOptions(device="cpu", reference="oracle")).run(case, backend, backend.name,
+                                                                           backend.check(case, ENV))
+    assert results and {r.status for r in results} == {"skip"}, {(r.check, r.status, r.reason) for r in results}
+    assert all("no kda_hopper plan" in r.reason for r in results)
+
+
+def test_fes_cached_unpinned_graph_is_a_decline_not_another_engines_result():
+    """The S5 sequence, on FE 1.32's plan cache: a declined case, then one whose probe shares its FE key."""
+    from deltacheck.harness.judge.invariance_checks import causality, graph_replay
+
+    double = cudnn_la.make(engine_decline=_hopper_scope, plan_cache=True)
+    backend = _replaying(adapter.CudnnEngineBackend("kda_hopper", double, device="cpu"))
+    first = Case(**S5_BASE, seqlens=(4, 6), gate="steep")
+    assert not backend.check(first, ENV).runnable  # refused by FE; its unpinned graph stays cached
+    later = Case(**S5_BASE, seqlens=(5, 4), gate="zero", state_dtype="bf16")  # converted to fp32: same key
+    assert backend._probe_key(later) != backend._probe_key(first)
+    v = backend.check(later, ENV)
+    assert not v.runnable, "the probe ran on FE's cached unpinned graph and took another engine's answer"
+    assert "FE served it with kda_frost instead" in v.reason and "not by kda_hopper" in v.reason, v.reason
+    assert "outside kda_hopper's gate (docs/libraries.md): l2norm=on (serves off)" in v.reason, v.reason
+    for check in (causality, graph_replay):
+        r = check(backend, later, ENV, device="cpu")
+        assert r.status == "declined" and r.reason == v.reason, (r.status, r.reason)
+    # the run itself, had a probe let it through: FE's refusal first, then its cached graph on another engine
+    fresh = adapter.CudnnEngineBackend("kda_hopper", double, device="cpu")
+    case = Case(**S5_BASE, seqlens=(7, 3))
+    for _ in range(2):
+        with pytest.raises(adapter.RunDeclined, match="no kda_hopper plan for this graph"):
+            fresh.run(case, make_inputs(case))
+    assert double.calls[-1]["plan_name"] == "kda_hopper" and fresh.served() == {"engine": "kda_frost"}
+
+
+def test_another_engines_failure_on_fes_cached_graph_is_the_pins_decline():
+    """The cached unpinned graph's engine fails to run (on the H200 without the cuTile toolchain, kda_cutile cannot
+    compile): still the pin's decline, naming the engine FE took, not that engine's error."""
+    double = cudnn_la.make(engine_decline=_hopper_scope, plan_cache=True)
+
+    def execute_graph(graph, *args):
+        if graph.selected_engine.name != "kda_hopper":
+            raise FileNotFoundError("tileiras not found (test)")
+
+    double.ops.kda.execute_graph = execute_graph
+    backend = adapter.CudnnEngineBackend("kda_hopper", double, device="cpu")
+    assert not backend.check(Case(**S5_BASE, seqlens=(4, 6), gate="steep"), ENV).runnable
+    v = backend.check(Case(**S5_BASE, seqlens=(5, 4), gate="zero", state_dtype="bf16"), ENV)
+    assert not v.runnable and "FE served it with kda_frost instead" in v.reason, v.reason
+    assert "tileiras" not in v.reason

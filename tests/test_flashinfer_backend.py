@@ -203,3 +203,32 @@ def test_reports_count_cases_per_served_prefill_path(open_gate):
                             "status": r.status, "metrics": dict(r.metrics)})
     rows = {(r["direction"], r["engine"]): (r["cases"], r["pass"]) for r in served_paths(records)}
     assert rows == {("forward", "cp path"): (1, 1), ("forward", "chunked path"): (1, 1)}
+
+
+# ================================================================================ CUDA-graph capture
+
+class _Capturing:
+    """``torch`` as the adapter sees it inside a CUDA graph's capture: a tensor made from host data
+    (``torch.tensor(list, device=...)``, a host-to-device copy) is refused, in torch's words."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    def tensor(self, *args, **kwargs):
+        raise RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU tensor "
+                           "is pinned")
+
+
+@pytest.mark.parametrize("decode, case", [(False, PREFILL[1]), (False, PREFILL[2]), (True, DECODE[0]),
+                                          (True, DECODE[1])], ids=lambda x: x.id if isinstance(x, Case) else str(x))
+def test_a_call_after_the_warm_up_makes_no_tensor_from_host_data(open_gate, monkeypatch, decode, case):
+    """Session 5 on the H200: graph replay declined every dense flashinfer case (23) and both flashinfer-decode cases
+    with "capture refused: ... Cannot copy between CPU and CUDA tensors during CUDA graph capture": the adapter's own
+    index tensors (packed offsets, decode rows), made from Python lists on every call. They are made once per
+    lengths now, in the warm-up calls the capture starts with."""
+    backend = fi_backend(decode)
+    inputs = make_inputs(case)
+    out, state = backend.run(case, inputs)
+    monkeypatch.setattr(adapter, "torch", _Capturing())
+    out2, state2 = backend.run(case, inputs)
+    assert torch.equal(out, out2) and torch.equal(state, state2)

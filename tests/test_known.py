@@ -13,6 +13,8 @@ from child_env import ENV, PYTEST, TESTS, run_child
 
 from deltacheck.cases import Case
 from deltacheck.harness.ci.known import (
+    CHECK_NAMES,
+    SERVING_CHECK_NAMES,
     SHIPPED,
     applicable,
     KnownIssuesError,
@@ -1386,3 +1388,75 @@ def test_the_shipped_table_on_flashinfers_s5_l0_leaves_no_failure_and_no_entry_g
         "flashinfer-gdn-prefill-misaligned-beta-view-refused": 1,
         "flashinfer-gdn-decode-fp16-bf16-level-error": 14,
     }
+
+
+# --- session 5 (bench/results/s5/d26-S5.tgz): the pinned Hopper KDA engines' serving NaN ------------------------------
+
+S5_ARCHIVE = TESTS.parent / "bench/results/s5/d26-S5.tgz"
+
+
+def _s5_rows(tmp_path, name: str) -> list[dict]:
+    """The recorded results of session 5's ``serving_run`` job ``name`` (d26-s5/<name>.jsonl in the archive)."""
+    import tarfile
+
+    from deltacheck.harness.run.serving_run import load_done
+
+    with tarfile.open(S5_ARCHIVE) as tar:
+        data = tar.extractfile(f"d26-s5/{name}.jsonl").read()
+    path = tmp_path / f"{name}.jsonl"
+    path.write_bytes(data)
+    return load_done(str(path))[0]
+
+
+S5_NAMED_OUT = "kda-bf16-thd-N1-T[65]-H2/2/2-K128-V128-trained"  # replayed finite at seed + 1, as in R2
+
+
+@pytest.mark.parametrize("issue_id,spec,check,n", [
+    ("cudnn-kda-hopper-cuda-nan-below-log-decay-7", "cudnn@kda_hopper_cuda", "causality", 5),
+    ("cudnn-kda-hopper-cuda-nan-below-log-decay-7-graph-replay", "cudnn@kda_hopper_cuda", "graph_replay", 4),
+    ("cudnn-kda-hopper-dsl-nan-extreme-gate", "cudnn@kda_hopper", "causality", 2),
+    ("cudnn-kda-hopper-dsl-nan-extreme-gate-graph-replay", "cudnn@kda_hopper", "graph_replay", 1),
+])
+def test_the_pinned_hopper_nan_entries_cover_exactly_s5s_non_finite_serving_results(tmp_path, issue_id, spec, check,
+                                                                                      n):
+    """Among session 5's results of the engine x check, each entry names exactly the non-finite failures (n), and
+    every failure of that check is one of them; the case whose replay stayed finite is named out of graph replay."""
+    issue = {i.id: i for i in load_known_issues([SHIPPED])}[issue_id]
+    rows = [r for r in _s5_rows(tmp_path, spec.split("@")[1])
+            if r["backend"] == spec and r["check"] == check and r["status"] != "declined"]
+    covered = [r for r in rows if issue.applies_to(Case.from_id(r["case"]), spec, spec, H200_SERVING)
+               and issue.covers(check)]
+    assert len(covered) == n and all(r["status"] == "failed" and r["numbers"]["finite"] is False for r in covered)
+    assert {r["case"] for r in rows if r["status"] == "failed"} == {r["case"] for r in covered}
+    assert any(r["case"] == S5_NAMED_OUT and r["status"] == ("failed" if check == "causality" else "passed")
+               for r in rows)
+    assert issue.applies_to(Case.from_id(S5_NAMED_OUT), spec, spec, H200_SERVING) == (check == "causality")
+    # its own engine's only: routed cudnn and the sibling engine keep their entries
+    for other in ("cudnn", "cudnn@kda_hopper" if spec.endswith("_cuda") else "cudnn@kda_hopper_cuda"):
+        assert not issue.applies_to(Case.from_id(covered[0]["case"]), other, other, H200_SERVING)
+
+
+def test_the_extended_hopper_entries_keep_their_deltacheck_run_scope():
+    """Extended to causality, the training entries still cover exactly the checks of deltacheck run they covered."""
+    issues = {i.id: i for i in load_known_issues([SHIPPED])}
+    cuda = issues["cudnn-kda-hopper-cuda-nan-below-log-decay-7"]
+    assert [c for c in CHECK_NAMES if cuda.covers(c)] == list(CHECK_NAMES)  # as without `checks`
+    assert [c for c in SERVING_CHECK_NAMES if cuda.covers(c)] == ["causality"]
+    dsl = issues["cudnn-kda-hopper-dsl-nan-extreme-gate"]
+    assert [c for c in CHECK_NAMES if dsl.covers(c)] == ["forward", "state", "continuation_ref", "continuation_self"]
+    assert [c for c in SERVING_CHECK_NAMES if dsl.covers(c)] == ["causality"]
+
+
+@pytest.mark.parametrize("name,known,errors", [("kda_hopper_cuda", 9, 1), ("kda_hopper", 3, 6)])
+def test_the_shipped_table_on_s5s_pinned_hopper_results(tmp_path, name, known, errors):
+    """Session 5's records with the shipped table applied as serving_run applies it: no entry is gone, no failure is
+    left; what is left are the errors of the pin FE refused at the call (FE's "no <engine> plan for this graph"),
+    which the fixed adapter declines (tests/test_cudnn_engines.py)."""
+    from deltacheck.harness.run.serving_run import apply_known
+
+    rows = _s5_rows(tmp_path, name)
+    assert apply_known(rows, load_known_issues([SHIPPED]), H200_SERVING) == []
+    statuses = [r["status"] for r in rows]
+    assert (statuses.count("known"), statuses.count("failed"), statuses.count("error")) == (known, 0, errors)
+    assert all(r["reason"].startswith(f"cudnnGraphNotSupportedError: no {name} plan for this graph")
+               for r in rows if r["status"] == "error")

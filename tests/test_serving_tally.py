@@ -67,3 +67,61 @@ def test_the_tally_applies_the_known_issues_and_reads_session_5_files(tally, tmp
     rows = {tuple(line.split()[:2]): line.split()[2:] for line in capsys.readouterr().out.splitlines()[1:]
             if len(line.split()) == 10}
     assert rows[("cudnn@kda_cutile", "causality")][:4] == ["87", "60", "27", "0"]
+
+
+def test_a_refused_pin_recorded_as_an_error_counts_as_declined_with_its_case(tally):
+    """Session 5's records, made before the pinned-engine fix: FE's "no <engine> plan" error, and the same backend's
+    other results on that case (another engine's, on FE's cached unpinned graph), are declines; a routed backend's
+    error and another case's results stay as recorded."""
+    words = "no kda_hopper plan for this graph (offered: ['kda_hopper_cuda', 'kda_cutile'])"
+    rows = [{"backend": "cudnn@kda_hopper", "check": "causality", "case": "A", "status": "error",
+             "reason": f"cudnnGraphNotSupportedError: {words}"},
+            {"backend": "cudnn@kda_hopper", "check": "graph_replay", "case": "A", "status": "passed", "reason": ""},
+            {"backend": "cudnn@kda_hopper", "check": "graph_replay", "case": "B", "status": "passed", "reason": ""},
+            {"backend": "cudnn", "check": "causality", "case": "A", "status": "error",
+             "reason": f"cudnnGraphNotSupportedError: {words}"}]
+    results = {(r["backend"], r["check"], r["case"]): r for r in rows}
+    lines = tally.redeclare_refused_pins(results)
+    assert [r["status"] for r in rows] == ["declined", "declined", "passed", "error"]
+    assert lines == ["REDECLARED cudnn@kda_hopper causality A: recorded error",
+                     "REDECLARED cudnn@kda_hopper graph_replay A: recorded passed"]
+    assert rows[1]["reason"].startswith(f"cuDNN declined (plan_name='kda_hopper'): {words}; served by "
+                                        "cudnn@kda_hopper_cuda, cudnn@kda_cutile (or routed `cudnn`), not by kda_hopper")
+
+
+def test_the_tally_over_s4_r2_and_s5_leaves_no_failure_and_no_error(tally, tmp_path, capsys):
+    """The README's table: S4, R2 and session 5 (bench/results/s5/d26-S5.tgz) with the shipped entries and the
+    refused pins re-declared: every result passed, known, reported or declined; the pinned Hopper engines' counts."""
+    import tarfile
+
+    with tarfile.open(REPO / "bench/results/s5/d26-S5.tgz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    assert tally.main([str(S4), str(R2), str(tmp_path / "d26-s5"), "--json", str(tmp_path / "t.json")]) == 0
+    out = capsys.readouterr().out
+    assert "FAILED " not in out and "ERROR " not in out and "NO LONGER REPRODUCE" not in out
+    assert out.count("REDECLARED ") == 14
+    counts = json.loads((tmp_path / "t.json").read_text())
+    assert counts["cudnn@kda_hopper causality"] == {"passed": 5, "known": 2, "declined": 110}
+    assert counts["cudnn@kda_hopper_cuda graph_replay"] == {"passed": 36, "known": 4, "declined": 77}
+    assert not any(c.get("failed") or c.get("error") for c in counts.values())
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/serving.md"])
+def test_the_documented_table_is_the_tallys(tally, tmp_path, capsys, doc):
+    """Every row of the table in the README and docs/serving.md is a row the tally prints over the recorded results
+    (S4 + R2 + S5; W2 for vllm-fla-recurrent and flashkda), and every row it prints is there."""
+    import tarfile
+
+    with tarfile.open(REPO / "bench/results/s5/d26-S5.tgz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    tally.main([str(S4), str(R2), str(tmp_path / "d26-s5"), "--markdown"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    tally.main([str(REPO / "bench/results/serving-h200-w26"), "--backend", "vllm-fla-recurrent", "--backend",
+                "flashkda", "--markdown"])
+    w2 = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    w2 = [line.replace("| flashkda |", "| flashkda (W2) |").replace("| vllm-fla-recurrent |",
+                                                                   "| vllm-fla-recurrent (W2) |") for line in w2]
+    text = (REPO / doc).read_text()
+    start = text.index(rows[0])
+    documented = text[start:text.index("\n\n", start)].splitlines()
+    assert documented == rows + w2

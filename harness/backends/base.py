@@ -41,6 +41,13 @@ class Verdict:
         return cls(False, reason, False, reason)
 
 
+class RunDeclined(RuntimeError):
+    """The library declined the case at the call itself (a refusal the backend's ``check`` probe could not see, e.g.
+    a configuration the probe's smaller call does not reach): raised from ``run``/``serve`` with the library's reason
+    and the fix; the checks record a decline with that reason (``skip`` in ``deltacheck run``, ``declined`` in the
+    serving checks), never an error and never a result of another engine."""
+
+
 class LibraryContractError(RuntimeError):
     """The library broke its own documented contract in a way the adapter can see (a missing return value, a
     wrong shape): raised from ``run``, recorded against the kernel as an error result, never a decline."""

@@ -28,7 +28,7 @@ import torch
 
 from deltacheck.cases import Case, make_inputs
 
-from ..backends.base import Backend, Verdict, backend_for
+from ..backends.base import Backend, RunDeclined, Verdict, backend_for
 from ..ci.known import load_known_issues
 from ..records.results import Result
 from . import compare, margins
@@ -163,6 +163,11 @@ class CaseRunner:
         # after it still run. Only a failing first call leaves nothing to judge.
         forward = self._guard(results, case, base, "forward", self._forward, case, backend, verdict, base, exp)
         if forward is None:
+            if self._declined:  # the library declined at the first call: every check is that decline
+                done = results.checks()
+                results.add(*(base(check=c, status="skip", reason=self._declined) for c in checks_for(case)
+                              if c not in done))
+                return
             # the first call's error (a known-issues entry's error_contains then matches these checks too)
             self._fill_errors(results, case, base, f"not run: the first call raised {self._raised}".rstrip())
             return
@@ -173,9 +178,15 @@ class CaseRunner:
         self._guard(results, case, base, "determinism", self._determinism, case, backend, inputs, out, state, base)
 
     def _guard(self, results, case, base, stage, fn, *args):
-        self._raised = ""
+        self._raised = self._declined = ""
         try:
             return fn(*args, results)
+        except RunDeclined as exc:  # the library's refusal at the call (base.RunDeclined): a decline, not an error
+            done = results.checks()
+            self._declined = str(exc)
+            results.add(*(base(check=c, status="skip", reason=self._declined)
+                          for c in stage_checks(case, stage) if c not in done))
+            return None
         except Exception as exc:  # noqa: BLE001 - a backend's exception is that stage's error result
             done = results.checks()
             reason = self._raised = f"{type(exc).__name__}: {exc}"

@@ -21,6 +21,7 @@ import torch
 from deltacheck.cases.inputs import make_inputs
 from deltacheck.reference import serving as sv
 
+from ..backends.base import RunDeclined
 from ..backends.serving import ServingCall
 from . import serving_inputs as si
 from .compare import rel_rms, tolerance
@@ -125,6 +126,8 @@ def _prepare(check, backend, case, env, mode, device):
 def _guarded(check, backend, case, fn) -> CheckResult:
     try:
         return fn()
+    except RunDeclined as exc:  # the library's refusal at the call itself: a decline with its reason
+        return _result(check, backend, case, "declined", str(exc))
     except Exception as exc:  # noqa: BLE001 - a kernel's exception is a result, never a crash of the run
         return _result(check, backend, case, "error", f"{type(exc).__name__}: {exc}")
 

@@ -108,7 +108,7 @@ def _execute_graph(graph, variant_pack=None, workspace=None, handle=None):
 
 
 def make(*, decline=None, backward_decline=None, first_call_error=None, exact=True, version=VERSION,
-         engine_decline=None, order=None, contiguous_grads=False):
+         engine_decline=None, order=None, contiguous_grads=False, plan_cache=False):
     """A fresh double module.
 
     ``decline(fn_name, call) -> str | None``: a reason makes planning raise cudnnGraphNotSupportedError;
@@ -119,11 +119,16 @@ def make(*, decline=None, backward_decline=None, first_call_error=None, exact=Tr
     routing moves on to the next engine of ``order``, ``{fn_name: (engine, ...)}``, default PLANS order).
     ``contiguous_grads``: the backward refuses a strided incoming ``d_out`` / ``d_final_state`` with FE 1.32
     cuTile's ValueError (``cutile/engine.py`` stages rank-merged views of every buffer).
+    ``plan_cache``: FE 1.32's per-configuration graph cache (``ops/kda.py``: ``fprop_cache[key] = build_fprop_graph
+    (...)``, then ``select_plan(graph, plan_name)``): the graph is cached before its pin is checked, so after a
+    refused pin a later call with the same key (shapes, dtypes, flags, ``plan_name``) runs the cached graph on its
+    first offered plan, no refusal (``mod.graphs``: key -> engine).
     """
     mod = types.ModuleType("cudnn_linear_attention_double")
     mod.__version__ = version
     mod.cudnnGraphNotSupportedError = cudnnGraphNotSupportedError
     mod.calls = []
+    mod.graphs = {}
     mod.ops = types.SimpleNamespace(**{op: types.SimpleNamespace(execute_graph=_execute_graph)
                                        for op in ("gdn", "kda", "gdn2", "gdp")})
     pending_error = [first_call_error]
@@ -196,13 +201,22 @@ def make(*, decline=None, backward_decline=None, first_call_error=None, exact=Tr
         if reason:
             raise _no_plan(reason)
         # Planning proposes only the engines whose check_support passes; a pin picks among those.
-        why = {e: engine_decline(e, fn, call) if engine_decline is not None else None for e in plans}
-        offered = [e for e in (order or {}).get(fn, plans) if not why.get(e)]
-        if plan_name is not None and plan_name not in offered:
-            raise cudnnGraphNotSupportedError(f"no {plan_name} plan for this graph (offered: {offered})")
-        if not offered:
-            raise _no_plan("; ".join(f"{e}: {w}" for e, w in why.items()))
-        engine = plan_name or offered[0]
+        key = (fn, T, N, H, HK, HV, K, V, q.dtype, g.dtype, beta.dtype, None if state is None else state.dtype,
+               tuple((n, v) for n, v in call.items() if isinstance(v, (bool, float, int, str, type(None)))))
+        if plan_cache and key in mod.graphs:  # FE 1.32: a cached graph runs as planned, no pin checked again
+            engine = mod.graphs[key]
+        else:
+            why = {e: engine_decline(e, fn, call) if engine_decline is not None else None for e in plans}
+            offered = [e for e in (order or {}).get(fn, plans) if not why.get(e)]
+            if not offered:
+                raise _no_plan("; ".join(f"{e}: {w}" for e, w in why.items()))
+            if plan_cache:  # cached before the pin is selected (ops/kda.py), so a refused pin leaves it unpinned
+                mod.graphs[key] = offered[0]
+            if plan_name is not None and plan_name not in offered:
+                raise cudnnGraphNotSupportedError(f"no {plan_name} plan for this graph (offered: {offered})")
+            engine = plan_name or offered[0]
+            if plan_cache:
+                mod.graphs[key] = engine
         ops = getattr(mod, "ops", None)  # a test may take it away (an FE of another layout)
         (getattr(ops, op).execute_graph if ops is not None else _execute_graph)(_Graph(engine), {}, None, None)
 

@@ -14,6 +14,11 @@ and the binaries' TORCH_CHECK messages, docs/libraries.md "FlashKDA"):
 - always in the kernel: l2norm of q and k, sigmoid of beta, the gate lower_bound * sigmoid(exp(A_log) * (g +
   dt_bias)).
 
+- the checkpoint pair (vLLM op; vllm-project/FlashKDA ``csrc/flash_kda.cpp``, ``csrc/smxx/fwd_kernel2.cuh``):
+  ``checkpoint_state`` fp32 ``[N, H, D, D]``, ``checkpoint_offsets`` ``[N]`` in cu_seqlens's dtype (int64 without
+  cu_seqlens); sequence n's slot gets the state after ``offsets[n]`` tokens when that offset ends one of its
+  16-token tiles, and is left unwritten otherwise (0, a non-multiple of 16, past the sequence).
+
 Deviations: the device check ("all tensors must be on CUDA") is not modelled (CI has no GPU); ``out`` is the
 caller's bf16 buffer, so the output is rounded to bf16 here as in the kernel (the tests' tolerance says so).
 """
@@ -34,15 +39,25 @@ def _check(cond, message):
         raise RuntimeError(message)  # TORCH_CHECK raises RuntimeError
 
 
-def make(flavour: str = "flashkda", version: str = "0.33.0", *, abi_mismatch: bool = False):
-    """``abi_mismatch``: the standalone build under another libtorch, whose first check fails on every tensor."""
+TILE = 16  # the recurrence's tile (csrc/smxx/fwd_kernel2.cuh, CHUNK)
+CHECKPOINT_BUGS = ("late", "early", "seq_reversed")
+
+
+def make(flavour: str = "flashkda", version: str = "0.33.0", *, abi_mismatch: bool = False,
+         checkpoint_bug: str | None = None):
+    """``abi_mismatch``: the standalone build under another libtorch, whose first check fails on every tensor.
+    ``checkpoint_bug`` (vLLM op), a planted defect of the checkpoint store: "late" (the state one tile after the
+    offset), "early" (one tile before it: the state the tile started from), "seq_reversed" (sequence n's checkpoint
+    in sequence N-1-n's slot: the kernel's reversed scheduling index used for the store)."""
+    if checkpoint_bug not in (None, *CHECKPOINT_BUGS):
+        raise ValueError(f"unknown checkpoint bug {checkpoint_bug!r}")
     mod = types.SimpleNamespace(__version__=version, calls=[])
 
     def get_workspace_size(T_total, H, N=1):
         return 64 * (T_total * H + N * H)  # a stand-in size; the real formula is the binary's
 
     def compute(q, k, v, g, beta, scale, out, workspace, A_log, dt_bias, lower_bound, initial_state, final_state,
-                cu_seqlens):
+                cu_seqlens, checkpoint=None):
         _check(not abi_mismatch, "all tensors must be on CUDA")
         mod.calls.append({"q": q, "g": g, "beta": beta, "scale": scale, "A_log": A_log, "dt_bias": dt_bias,
                           "lower_bound": lower_bound, "initial_state": initial_state, "cu_seqlens": cu_seqlens})
@@ -78,23 +93,57 @@ def make(flavour: str = "flashkda", version: str = "0.33.0", *, abi_mismatch: bo
             _check(initial_state.dtype == final_state.dtype, "initial_state and final_state must have the same dtype")
         layout = "thd" if cu_seqlens is not None else "bshd"
         flat = (lambda x: x.squeeze(0)) if layout == "thd" else (lambda x: x)
-        o, ht = reference.kda(
-            flat(q), flat(k), flat(v), flat(g), flat(beta), cu_seqlens, scale=scale, initial_state=initial_state,
-            output_final_state=True, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, safe_gate=True,
-            gate_lower_bound=lower_bound, a_log=A_log, dt_bias=dt_bias, layout=layout, state_layout="vk",
-            method="oracle", compute_dtype=torch.float64)
+
+        def kda(q, k, v, g, beta, cu, h0, layout):
+            return reference.kda(
+                q, k, v, g, beta, cu, scale=scale, initial_state=h0, output_final_state=True,
+                use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, safe_gate=True,
+                gate_lower_bound=lower_bound, a_log=A_log, dt_bias=dt_bias, layout=layout, state_layout="vk",
+                method="oracle", compute_dtype=torch.float64)
+
+        o, ht = kda(flat(q), flat(k), flat(v), flat(g), flat(beta), cu_seqlens, initial_state, layout)
         out.copy_(o.reshape(out.shape))
         if final_state is not None:
             final_state.copy_(ht)
+        if checkpoint is None:
+            return
+        state, offsets = checkpoint
+        _check(state.dtype == torch.float32, "checkpoint_state must be float32")
+        _check(state.is_contiguous(), "checkpoint_state must be a contiguous CUDA tensor")
+        _check(offsets.dtype in (torch.int32, torch.int64), "checkpoint_offsets must be int32 or int64")
+        _check(tuple(state.shape) == (N, H, D, D), "checkpoint_state must be [N, H, D, D]")
+        _check(offsets.dim() == 1 and offsets.shape[0] == N, "checkpoint_offsets must be [N]")
+        want = torch.int32 if cu_seqlens is not None and cu_seqlens.dtype == torch.int32 else torch.int64
+        _check(offsets.dtype == want, "checkpoint_offsets and cu_seqlens must have matching dtypes")
+        bounds = cu_seqlens.tolist() if cu_seqlens is not None else [n * T for n in range(N + 1)]
+        for n in range(N):
+            bos, length, o = bounds[n], bounds[n + 1] - bounds[n], int(offsets[n])
+            tiles = -(-length // TILE)
+            if o % TILE or not TILE <= o <= tiles * TILE:  # no tile ends there: the slot is never written
+                continue
+            p = {"late": o + TILE, "early": o - TILE}.get(checkpoint_bug, o)
+            p = max(0, min(p, length))
+            slot = N - 1 - n if checkpoint_bug == "seq_reversed" else n
+            h0 = None if initial_state is None else initial_state[n:n + 1]
+            if p == 0:
+                state[slot] = 0 if h0 is None else h0[0].float()
+                continue
+            if cu_seqlens is not None:
+                part = [x[0, bos:bos + p] for x in (q, k, v, g, beta)]
+                cu = torch.tensor([0, p], dtype=cu_seqlens.dtype, device=q.device)
+                _, h = kda(*part, cu, h0, "thd")
+            else:
+                part = [x[n:n + 1, :p] for x in (q, k, v, g, beta)]
+                _, h = kda(*part, None, h0, "bshd")
+            state[slot] = h[0].float()
 
     if flavour == "flashkda":
         def fwd(q, k, v, g, beta, scale, out, workspace, A_log, dt_bias, lower_bound, initial_state=None,
                 final_state=None, cu_seqlens=None, checkpoint_state=None, checkpoint_offsets=None):
             _check((checkpoint_state is None) == (checkpoint_offsets is None),
                    "checkpoint_state and checkpoint_offsets must be provided together")
-            _check(checkpoint_state is None, "the double does not model checkpoints")
             compute(q, k, v, g, beta, scale, out, workspace, A_log, dt_bias, lower_bound, initial_state, final_state,
-                    cu_seqlens)
+                    cu_seqlens, None if checkpoint_state is None else (checkpoint_state, checkpoint_offsets))
     else:
         def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None, final_state=None,
                 cu_seqlens=None):

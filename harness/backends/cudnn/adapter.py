@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 
 import torch
 
 from deltacheck.plugin import floors_then_library
 
-from ..base import Verdict
+from ..base import RunDeclined, Verdict
 from ..loading import Library, library_version, load_entry_point
 from . import facts
 from .facts import ENTRY_POINTS, INSTALL_HINT
@@ -176,15 +177,54 @@ class CudnnBackend(CudnnServing):
         start = len(_SEEN)
         self._served = None
         try:
-            o, final_state, *series = op(*args, **kwargs)
-            self._checkpoints = series[0] if series else None
-        finally:
-            seen = _SEEN[start:]
-            del _SEEN[:]
-            self._served = seen[0] if seen else ("not recorded (no execute_graph seen)" if watched else
-                                                 "not recorded (this FE has no ops.<op>.execute_graph)")
+            try:
+                o, final_state, *series = op(*args, **kwargs)
+                self._checkpoints = series[0] if series else None
+            finally:
+                seen = _SEEN[start:]
+                del _SEEN[:]
+                self._served = seen[0] if seen else ("not recorded (no execute_graph seen)" if watched else
+                                                     "not recorded (this FE has no ops.<op>.execute_graph)")
+        except self._declined_errors() as exc:  # FE's refusal of this very call: a decline, with the fix
+            raise RunDeclined(self._decline_reason(case, exc)) from exc
+        except Exception:
+            self._check_pin(case)  # another engine's failure (e.g. its compile) is the pin's decline, not an error
+            raise
+        self._check_pin(case)
         o, final_state = contiguous_grad(o), contiguous_grad(final_state)  # gradients.py: FE refuses strided ones
         return from_thd(o, layout, case.N), state_from_cudnn(final_state), notes
+
+    def _pin_text(self) -> str:
+        return f" (plan_name={self.plan_name!r})" if self.plan_name else ""
+
+    def _decline_reason(self, case, exc: Exception) -> str:
+        """FE's refusal in its words, and the fix: which engines FE offered the graph to instead."""
+        reason = f"cuDNN declined{self._pin_text()}: {exc}"
+        offered = _offered(str(exc))
+        if self.plan_name and offered:
+            reason += (f"; served by {', '.join(facts.engine_backend(e) for e in offered)} (or routed `cudnn`), "
+                       f"not by {self.plan_name}")
+        return reason + self._why_outside(case)
+
+    def _why_outside(self, case) -> str:
+        """Where a pinned engine's envelope (read from its gate) leaves the case out: "; outside ...", or ""."""
+        return ""
+
+    def _check_pin(self, case) -> None:
+        """A pinned call must have been served by its engine. FE 1.32 caches a graph before pinning its plan
+        (ops/<op>.py: ``fprop_cache[key] = build_...graph(...)`` then ``select_plan``); when the pin is refused the
+        unpinned graph stays cached, and every later call with the same key (shapes, dtypes, flags, plan_name) runs
+        it on its first-ranked plan, silently. Such a result is another engine's: raise the pin's decline instead."""
+        served = self._served
+        if (not self.plan_name or served is None or served.startswith(("not recorded", "unknown"))
+                or served == self.plan_name or served.startswith(self.plan_name + "[")):
+            return
+        raise RunDeclined(
+            f"cuDNN declined{self._pin_text()}: no {self.plan_name} plan for this graph; FE served it with "
+            f"{served} instead (FE 1.32 keeps a graph whose pin was refused in its plan cache and runs later calls "
+            f"of that configuration unpinned: ops/common.py select_plan after the graph is cached); served by "
+            f"{facts.engine_backend(served) if served in facts.ENGINES else served} (or routed `cudnn`), not by "
+            f"{self.plan_name}{self._why_outside(case)}")
 
     def served(self) -> dict:
         """The engine that served the last forward call (``graph.selected_engine.name``), as result metrics."""
@@ -246,6 +286,8 @@ class CudnnBackend(CudnnServing):
         plan = f" (plan_name={self.plan_name!r})" if self.plan_name else ""
         try:
             _, _, notes = self._call(probe_case, inputs)
+        except RunDeclined as exc:  # FE's refusal, or a pin FE did not honour (_check_pin)
+            return Verdict.no(str(exc))
         except declined as exc:
             return Verdict.no(f"cuDNN declined{plan}: {exc}")
         except FileNotFoundError as exc:
@@ -273,6 +315,12 @@ class CudnnBackend(CudnnServing):
         except Exception as exc:  # noqa: BLE001
             return Verdict.ok(*notes, f"backward probe raised {type(exc).__name__}: {exc}; the run will report it")
         return Verdict.ok(*notes)
+
+
+def _offered(message: str) -> list[str]:
+    """The plans FE offered instead, from a strict pin's refusal: "no X plan for this graph (offered: ['a', 'b'])"."""
+    m = re.search(r"\(offered: \[([^\]]*)\]\)", message)
+    return re.findall(r"'([^']+)'", m.group(1)) if m else []
 
 
 def _looks_like_compile_error(exc: Exception) -> bool:
@@ -303,12 +351,13 @@ class CudnnEngineBackend(CudnnBackend):
         # A strict pin's decline names only the plans offered; the engine's own gate reason stays inside FE. Where
         # the case is outside the engine's envelope (read from that gate), say which axis put it there.
         verdict = super()._probe(case)
-        if verdict.runnable:
+        if verdict.runnable or "; outside " in verdict.reason:
             return verdict
+        return Verdict.no(verdict.reason + self._why_outside(case)) if self._why_outside(case) else verdict
+
+    def _why_outside(self, case) -> str:
         outside = [why for e in facts.engine_envelopes(self.engine) if (why := e.why_not(case))]
-        if not outside:
-            return verdict
-        return Verdict.no(f"{verdict.reason}; outside {self.engine}'s gate (docs/libraries.md): {outside[0]}")
+        return f"; outside {self.engine}'s gate (docs/libraries.md): {outside[0]}" if outside else ""
 
     def envelopes(self, op: str, env=None, sm: int | None = None):
         if op not in self.ops:

@@ -94,6 +94,29 @@ class FlashInferBackend(FlashInferServing, FusedAdapter):
         self._entry = ENTRY_POINTS[self.name]
         self.entry_points = {"gdn": self._entry}
         self._served: dict = {}
+        self._indices: dict[tuple, object] = {}  # _index_tensors: per (lengths, device), made once
+
+    def _index_tensors(self, case, device, what: str):
+        """The index tensors a call of ``case`` needs, made from host lists once per (lengths, device) and reused:
+        a CUDA graph's capture refuses the host-to-device copy ``torch.tensor(list, device=...)`` makes ("Cannot copy
+        between CPU and CUDA tensors during CUDA graph capture"), and the warm-up calls before a capture fill this.
+        ``what``: "cu" (packed offsets, int32 ``[N+1]``) or "steps" (per decode step t: the packed rows of token t
+        of every sequence longer than t, and those sequences' indices)."""
+        key = (what, tuple(case.seqlens), str(device))
+        if key not in self._indices:
+            if len(self._indices) > 512:  # one L0 run holds a few hundred; keep the dict bounded
+                self._indices.clear()
+            if what == "cu":
+                self._indices[key] = packed_offsets(case, device)
+            else:
+                starts = packed_offsets(case, "cpu").tolist()
+                steps = []
+                for t in range(max(case.seqlens, default=0)):
+                    active = [n for n, length in enumerate(case.seqlens) if length > t]
+                    steps.append((torch.tensor([starts[n] + t for n in active], device=device),
+                                  torch.tensor(active, device=device)))
+                self._indices[key] = steps
+        return self._indices[key]
 
     def _import(self, name: str):
         if self._module is not None:
@@ -183,7 +206,7 @@ class FlashInferBackend(FlashInferServing, FusedAdapter):
         q, k, v, g, beta = (to_packed(inputs[n], case) for n in ("q", "k", "v", "g", "beta"))
         alpha = library_alpha(case, g)
         cu = inputs["cu_seqlens"] if case.layout == "thd" else None
-        cu = packed_offsets(case, q.device) if cu is None else cu.to(device=q.device, dtype=torch.int32)
+        cu = self._index_tensors(case, q.device, "cu") if cu is None else cu.to(device=q.device, dtype=torch.int32)
         h0 = inputs.get("initial_state")
         h0 = None if h0 is None else h0.contiguous()
         self._served = {"path": self._prefill_path(cu.numel() - 1, case.HO, q.device)}
@@ -217,16 +240,13 @@ class FlashInferBackend(FlashInferServing, FusedAdapter):
         dt_bias = torch.zeros(case.HO, device=device) if dt_bias is None else dt_bias.float().contiguous()
         slots = slots.to(device=device, dtype=torch.int32)
         out = None  # allocated at the first step in the dtype the kernel returns
-        starts = packed_offsets(case, "cpu").tolist()
         fn = self._function()
-        for t in range(max(case.seqlens, default=0)):
-            active = [n for n, length in enumerate(case.seqlens) if length > t]
-            rows = torch.tensor([starts[n] + t for n in active], device=device)
+        for rows, active in self._index_tensors(case, device, "steps"):
             step = {name: x.index_select(0, rows).unsqueeze(1).contiguous()
                     for name, x in (("q", q), ("k", k), ("v", v), ("a", g.float()), ("b", beta.float()))}
             got = fn(step["q"], step["k"], step["v"], None, a_log, step["a"], dt_bias, step["b"], scale=case.scale,
                      use_qk_l2norm=case.l2norm, initial_state=pool,
-                     initial_state_indices=slots.index_select(0, torch.tensor(active, device=device)).contiguous())
+                     initial_state_indices=slots.index_select(0, active).contiguous())
             if not (isinstance(got, tuple) and len(got) == 2):
                 raise LibraryContractError(f"{self.name}: {self._entry[1]} returned {type(got).__name__}, "
                                            "not (output, state)")

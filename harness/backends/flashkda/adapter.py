@@ -19,6 +19,8 @@ Conventions (docs/libraries.md, "FlashKDA", has the source of each) and what the
   to fp32 (exact) so the final state comes back in fp32; transposed to key-major on the way out.
 - ``out`` and ``final_state`` are buffers the kernel writes; the vLLM op also takes a uint8 workspace of
   ``get_workspace_size(T_total, H, N)`` bytes (vLLM sizes it the same way).
+- The vLLM op's ``checkpoint_state`` / ``checkpoint_offsets``: None in ``run``; the serving hook's "checkpoints"
+  mode passes them (serving.py).
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ from ..layouts import from_btd, to_btd
 from ..loading import library_version
 from . import facts
 from .facts import HEAD_DIM, STANDALONE, VLLM
+from .serving import FlashKdaServing
 
 
-class FlashKdaBackend(FusedAdapter):
+class FlashKdaBackend(FlashKdaServing, FusedAdapter):
     """``flavour``: ``facts.VLLM`` or ``facts.STANDALONE``. ``module``: the object holding ``fwd`` and
     ``get_workspace_size`` (a contract double in tests); default: ``torch.ops._flashkda_C`` after importing
     ``vllm._flashkda_C``, or the ``flash_kda`` module."""
@@ -152,6 +155,12 @@ class FlashKdaBackend(FusedAdapter):
 
     # ------------------------------------------------------------------ the call
     def run(self, case, inputs: dict):
+        out, final_state = self._fwd(case, inputs)
+        return from_btd(out, case.layout), final_state.transpose(-1, -2)
+
+    def _fwd(self, case, inputs: dict, checkpoint_state=None, checkpoint_offsets=None):
+        """One FlashKDA forward: ``(out [B, T, H, 128] bf16, final_state [N, H, V, K] fp32)``; the checkpoint pair
+        goes to the vLLM op's last two arguments (serving.py)."""
         ops = self._import(facts.MODULES[self.name])
         layout, bf16 = case.layout, torch.bfloat16
         q, k, v = (to_btd(inputs[n], layout) for n in ("q", "k", "v"))
@@ -174,9 +183,11 @@ class FlashKdaBackend(FusedAdapter):
         if self.name == VLLM:
             workspace = torch.empty(ops.get_workspace_size(B * T, H, N), dtype=torch.uint8, device=device)
             ops.fwd(q, k, v, g, beta, scale, out, workspace, a_log, dt_bias, bound, h0, final_state, cu_seqlens,
-                    None, None)
+                    checkpoint_state, checkpoint_offsets)
         else:
+            if checkpoint_state is not None:
+                raise ValueError(f"{STANDALONE}'s fwd takes no checkpoint arguments (serving_verdict declines it)")
             cu_seqlens = None if cu_seqlens is None else cu_seqlens.to(torch.int64)
             ops.fwd(q, k, v, g, beta, scale, out, a_log, dt_bias, bound, initial_state=h0, final_state=final_state,
                     cu_seqlens=cu_seqlens)
-        return from_btd(out, layout), final_state.transpose(-1, -2)
+        return out, final_state
