@@ -62,11 +62,11 @@ GROUP = 16  # tokens per group: levels 1, 2, 4, 8 inside the kernel
 # ``DELTACHECK_CHUNKED_FUSED_CONFIG`` = "KTxWARPS" plus "s" (SCAN), "d" (DOT), "p" (PROD) and/or "t" (TINV), e.g.
 # "16x2sdpt", overrides them.
 K_TILE = 16
-NUM_WARPS = 2
+NUM_WARPS = 1
 SCAN = True
 DOT = True
 PROD = True
-TINV = False
+TINV = True
 V_TILE = 32
 
 

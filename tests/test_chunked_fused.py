@@ -94,10 +94,11 @@ def test_the_kernel_through_the_interpreter_is_exact():
                     "install it with pip --target DIR and put DIR on PYTHONPATH to run this through its interpreter")
 @pytest.mark.parametrize("spec,want", [("16x4sd", (16, 4, True, True, False, False)),
                                        ("8x4s", (8, 4, True, False, False, False)),
-                                       ("8x2pt", (8, 2, False, False, True, True))])
+                                       ("8x2pt", (8, 2, False, False, True, True)),
+                                       ("16x2sdp", (16, 2, True, True, True, False))])
 def test_the_kernels_other_settings_are_exact(spec, want):
     """The settings the default does not take (exp of the interval sums instead of products, A's pairs written out
-    and T's small levels in PyTorch, broadcast sums instead of tl.dot, masked sums instead of scans), on the core's
+    and T's small levels in PyTorch (session 6's default, 16x2sdp), broadcast sums instead of tl.dot, masked sums instead of scans), on the core's
     cases: the same bounds."""
     env = {**ENV, "TRITON_INTERPRET": "1", "FUSED_CHILD_CASES": "core", "DELTACHECK_CHUNKED_FUSED_CONFIG": spec}
     env.pop("DELTACHECK_CHUNKED_FUSED", None)

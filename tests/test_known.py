@@ -388,6 +388,9 @@ def test_the_shipped_cudnn_entry_stays_where_it_was_seen(env, spec):
 # FLA 0.6.0 chunk_kda on the H200 (SM90, Triton 3.6), L0 tier, 2026-12-02 (issue #27): the KDA cases with a failing
 # check (the forward, each), and every case whose checks all passed (the new cases of cases/added.py among them).
 H200_FLA_KDA_FAILED = [
+    # session 7, the regenerated L0's two (bench/results/s7/d25-S7.tgz: fla, dispatch off)
+    'kda-fp16-bshd-N2-L63-H4/4/4-K128-V64-steep-beta_one-safegate-scale0.5',
+    'kda-fp16-bshd-N1-L128-H4/4/4-K128-V64-mild-beta_near2-sigmoid-negeig-safegate-alog-scale0.0625-bwd',
     'kda-fp16-bshd-N2-L64-H2/2/2-K128-V64-steep-state_bf16-beta_one-safegate-scale0.5-cont[21]',
     'kda-fp16-thd-N1-T[1]-H2/2/2-K64-V64-extreme-state_bf16-sigmoid-negeig-safegate-scale0.5',
     'kda-fp16-thd-N3-T[0_1_127]-H2/2/4-K64-V128-extreme-state_bf16-beta_one-sigmoid-negeig-safegate-dtbias-cont[64]',
@@ -489,7 +492,7 @@ def test_the_shipped_fla_entry_covers_exactly_the_h200_failures():
     covered = {cid for cid in H200_FLA_KDA_FAILED + H200_FLA_KDA_PASSED
                if issue.applies_to(Case.from_id(cid), "fla", "fla", fla)}
     assert covered == set(H200_FLA_KDA_FAILED)
-    assert issue.checks == ("forward",)
+    assert issue.checks == ("forward", "grad_beta")
     case = Case.from_id(H200_FLA_KDA_FAILED[0])
     for env in (Env(cuda=True, capability=(9, 0), versions={"fla": "0.6.1", "triton": "3.6.0"}),
                 Env(cuda=True, capability=(9, 0), versions={"fla": "0.6.0", "triton": "3.7.1"}),
@@ -1359,6 +1362,24 @@ def _as_run_before_the_table(rec: dict) -> Result:
     return result
 
 
+def _judge(by_task: dict, issues, env) -> tuple[list, list, dict]:
+    """Known-issue entries applied per case x backend as the runner applies them to ``by_task`` ({(case, spec):
+    [Result]}, marked in place): (failures left, entries gone, {entry: [(case, check)]})."""
+    from collections import defaultdict
+
+    left, gone, known = [], [], defaultdict(list)
+    for (cid, spec), results in sorted(by_task.items()):
+        entries = applicable(issues, Case.from_id(cid), spec, spec, env)
+        for r in results:
+            mark_known(r, entries)
+            if r.status in ("fail", "error"):
+                left.append((cid, spec, r.check))
+            if r.status == "known":
+                known[r.metrics["known_issue"]].append((cid, r.check))
+        gone += [(cid, i) for i, said in outcomes(results, entries).items() if said == "gone"]
+    return left, gone, known
+
+
 @pytest.mark.parametrize("run", ["F", "F-warm"])
 def test_the_shipped_table_on_flashinfers_s5_l0_leaves_no_failure_and_no_entry_gone(run):
     """Every failure of FlashInfer's L0 on the H200 (session 5, cold and warm) is inside a shipped entry, and no
@@ -1372,18 +1393,9 @@ def test_the_shipped_table_on_flashinfers_s5_l0_leaves_no_failure_and_no_entry_g
             by_task[(rec["case"], rec["backend"])].append(_as_run_before_the_table(rec))
     raw = sorted((c, b, r.check) for (c, b), rs in by_task.items() for r in rs if r.status in ("fail", "error"))
     assert len(raw) == 44  # the run's own end record: 40 known, 2 failed, 2 errored
-    left, gone, known = [], [], defaultdict(set)
-    for (cid, spec), results in by_task.items():
-        entries = applicable(issues, Case.from_id(cid), spec, spec, H200_FI)
-        for r in results:
-            mark_known(r, entries)
-            if r.status in ("fail", "error"):
-                left.append((cid, spec, r.check))
-            if r.status == "known":
-                known[r.metrics["known_issue"]].add(cid)
-        gone += [(cid, i) for i, said in outcomes(results, entries).items() if said == "gone"]
+    left, gone, known = _judge(by_task, issues, H200_FI)
     assert left == [] and gone == []
-    assert {i: len(c) for i, c in known.items()} == {
+    assert {i: len({cid for cid, _ in c}) for i, c in known.items()} == {
         "flashinfer-gdn-prefill-empty-sequence-state-unwritten": 9,
         "flashinfer-gdn-prefill-misaligned-beta-view-refused": 1,
         "flashinfer-gdn-decode-fp16-bf16-level-error": 14,
@@ -1460,3 +1472,83 @@ def test_the_shipped_table_on_s5s_pinned_hopper_results(tmp_path, name, known, e
     assert (statuses.count("known"), statuses.count("failed"), statuses.count("error")) == (known, 0, errors)
     assert all(r["reason"].startswith(f"cudnnGraphNotSupportedError: no {name} plan for this graph")
                for r in rows if r["status"] == "error")
+
+
+# --- issue 25, session 7: the completed fla-dispatch + flashqla L0 on the H200 (bench/results/s7/d25-S6.tgz: session
+# 5's run A resumed to its end) and the four cases that failed there, alone (bench/results/s7/d25-S7.tgz) ------------
+
+S7_DIR = TESTS.parent / "bench/results/s7"
+H200_QLA = replace(H200, versions={**H200.versions, "flash_qla": "0.1.3", "triton": "3.6.0"})
+
+
+def _records(tgz: str, prefix: str) -> list[dict]:
+    """Every record of the run directories under ``prefix`` in the archive ``tgz`` (as returned by the device)."""
+    import json
+    import tarfile
+
+    with tarfile.open(S7_DIR / tgz) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith(prefix) and m.name.endswith("/results.jsonl")]
+        assert members, prefix
+        return [json.loads(line) for m in members
+                for line in tar.extractfile(m).read().decode().splitlines() if line.strip()]
+
+
+def _unmarked(rec: dict) -> Result:
+    """A recorded result as judged before any known-issues entry (``known`` back to what the entry covered)."""
+    result = Result(**{k: v for k, v in rec.items() if k in Result.__dataclass_fields__})
+    if result.status == "known":
+        result.metrics.pop("known_issue")
+        result.reason = result.reason.split(" — ", 1)[1]
+        result.status = "error" if "invalid sequence lengths" in result.reason else "fail"
+    return result
+
+
+def _judge_records(records: list[dict], issues) -> tuple[list, list, dict]:
+    """``_judge`` over recorded results (each as judged before any entry) on session 7's H200 environment."""
+    from collections import defaultdict
+
+    by_task = defaultdict(list)
+    for rec in records:
+        if rec.get("kind") == "result":
+            by_task[(rec["case"], rec["backend"])].append(_unmarked(rec))
+    return _judge(by_task, issues, H200_QLA)
+
+
+def test_the_shipped_table_on_the_completed_fla_dispatch_l0_leaves_no_failure_and_no_entry_gone():
+    """Session 5's fla-dispatch + flashqla L0, resumed to its end in session 7: its 5 failing checks (4 cases) and 68
+    known ones are all inside shipped entries, each new entry covers exactly what failed, and none is gone."""
+    records = _records("d25-S6.tgz", "d25-s6/runs/A/")
+    end = [r for r in records if r.get("kind") == "end"]
+    assert end and end[-1]["counts"]["fail"] == 5 and end[-1]["counts"]["known"] == 68
+    left, gone, known = _judge_records(records, load_known_issues([SHIPPED]))
+    assert left == [] and gone == []
+    assert sorted(known["fla-kda-fp16-safe-gate-forward-tf32-via-fla-dispatch"]) == [
+        ("kda-fp16-bshd-N1-L128-H4/4/4-K128-V64-mild-beta_near2-sigmoid-negeig-safegate-alog-scale0.0625-bwd",
+         "forward"),
+        ("kda-fp16-bshd-N1-L128-H4/4/4-K128-V64-mild-beta_near2-sigmoid-negeig-safegate-alog-scale0.0625-bwd",
+         "grad_beta"),
+        ("kda-fp16-bshd-N2-L63-H4/4/4-K128-V64-steep-beta_one-safegate-scale0.5", "forward")]
+    assert sorted(known["fla-gdn-extreme-gate-a-log-gradient-via-fla-dispatch"]) == [
+        ("gdn-bf16-bshd-N2-L63-H2/2/2-K128-V64-extreme-beta_one-sigmoid-safegate-alog-bwd", "grad_a_log"),
+        ("gdn-fp16-bhsd-N1-L200-H4/4/4-K96-V96-extreme-beta_one-sigmoid-negeig-safegate-alog-h0-bwd", "grad_a_log")]
+    # without the two session-7 entries exactly those five checks are failures again (the entries are not vacuous)
+    older = [i for i in load_known_issues([SHIPPED]) if not i.id.endswith("-via-fla-dispatch") or "flashqla" in i.id]
+    assert len(_judge_records(records, older)[0]) == 5
+
+
+def test_the_repro_runs_separate_tf32_from_the_a_log_gradient():
+    """bench/i25_s7_repro.sh: alone, the KDA failures reproduce through fla-dispatch (D) and fla (F) and pass every
+    check with exact fp32 dots (I); the GDN dA_log failures stay with exact fp32 dots (not TF32)."""
+    def statuses(run: str) -> dict:
+        return {(r["case"].split("-")[0], r["case"], r["check"]): r["status"]
+                for r in _records("d25-S7.tgz", f"d25-s7/runs/{run}/")
+                if r.get("kind") == "result" and r["status"] != "skip"}
+
+    default, ieee, plain = statuses("D"), statuses("I"), statuses("F")
+    kda_failed = {(c, k) for (op, c, k), st in default.items() if op == "kda" and st in ("fail", "known")}
+    assert len(kda_failed) == 3 and all(ch in ("forward", "grad_beta") for _, ch in kda_failed)
+    assert {(c, k) for (op, c, k), st in plain.items() if st in ("fail", "known")} == kda_failed
+    assert all(st == "pass" for (op, _, _), st in ieee.items() if op == "kda")
+    gdn_failed = {(c, k) for (op, c, k), st in default.items() if op == "gdn" and st in ("fail", "known")}
+    assert {k for _, k in gdn_failed} == {"grad_a_log"} and len(gdn_failed) == 2
+    assert {(c, k) for (op, c, k), st in ieee.items() if op == "gdn" and st in ("fail", "known")} == gdn_failed

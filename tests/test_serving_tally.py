@@ -106,15 +106,40 @@ def test_the_tally_over_s4_r2_and_s5_leaves_no_failure_and_no_error(tally, tmp_p
     assert not any(c.get("failed") or c.get("error") for c in counts.values())
 
 
+SESSION_ARCHIVES = ("s5/d26-S5.tgz", "s7/d26-S6.tgz", "s7/d26-S7.tgz")  # later ones replace a pair's record
+
+
+def _unpacked(tmp_path) -> list[str]:
+    """S4, R2, session 5's call and session 7's two (the kda_hopper_cuda check of the pinned-engine fix, the
+    fla-dispatch shards resumed), in that order."""
+    import tarfile
+
+    for name in SESSION_ARCHIVES:
+        with tarfile.open(REPO / "bench/results" / name) as tar:
+            tar.extractall(tmp_path, filter="data")
+    return [str(S4), str(R2), *(str(tmp_path / d) for d in ("d26-s5", "d26-s6", "d26-s7"))]
+
+
+def test_the_tally_through_session_7_leaves_no_failure_and_no_error(tally, tmp_path, capsys):
+    """With session 7's calls: the fixed adapter's records of kda_hopper_cuda decline FE's refused pins themselves
+    (no error left to re-declare there), and fla-dispatch's resumed shards add runs with no failure and no error."""
+    assert tally.main([*_unpacked(tmp_path), "--json", str(tmp_path / "t.json")]) == 0
+    out = capsys.readouterr().out
+    assert "FAILED " not in out and "ERROR " not in out and "NO LONGER REPRODUCE" not in out
+    assert out.count("REDECLARED ") == 12 and "REDECLARED cudnn@kda_hopper_cuda" not in out
+    counts = json.loads((tmp_path / "t.json").read_text())
+    assert counts["cudnn@kda_hopper_cuda causality"] == {"passed": 35, "known": 5, "declined": 77}
+    assert counts["fla-dispatch causality"] == {"passed": 227, "known": 5, "declined": 128, "not_run": 18}
+    assert counts["fla-dispatch graph_replay"] == {"passed": 157, "known": 5, "declined": 196, "not_run": 20}
+    assert not any(c.get("failed") or c.get("error") for c in counts.values())
+
+
 @pytest.mark.parametrize("doc", ["README.md", "docs/serving.md"])
 def test_the_documented_table_is_the_tallys(tally, tmp_path, capsys, doc):
     """Every row of the table in the README and docs/serving.md is a row the tally prints over the recorded results
-    (S4 + R2 + S5; W2 for vllm-fla-recurrent and flashkda), and every row it prints is there."""
-    import tarfile
-
-    with tarfile.open(REPO / "bench/results/s5/d26-S5.tgz") as tar:
-        tar.extractall(tmp_path, filter="data")
-    tally.main([str(S4), str(R2), str(tmp_path / "d26-s5"), "--markdown"])
+    (S4 + R2 + S5 + session 7's two calls; W2 for vllm-fla-recurrent and flashkda), and every row it prints is
+    there."""
+    tally.main([*_unpacked(tmp_path), "--markdown"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
     tally.main([str(REPO / "bench/results/serving-h200-w26"), "--backend", "vllm-fla-recurrent", "--backend",
                 "flashkda", "--markdown"])
