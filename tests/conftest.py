@@ -29,7 +29,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 def pytest_addoption(parser):
     parser.addoption("--dc-exhaustive", action="store_true",
-                     help="also run the checks over every case of L1 and L2 (tens of minutes on a CPU)")
+                     help="also run the checks over every case of L1 and L2 (tens of minutes on a CPU) and the "
+                          "long CPU rehearsals of finished device scripts")
 
 
 @pytest.fixture
