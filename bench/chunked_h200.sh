@@ -16,6 +16,8 @@
 # 3. bench/chunked.py: the exactness check again at that setting, then the fp64 rows (fused = the default "chunked",
 #    then "chunked (unfused)") and FLA's, one process, medians of 5, peaks, ratios, rates; --profile prints the
 #    fused forward's and forward+backward's top kernels.
+# 4. the backward's segment budgets and the hand-off slices (bench/chunked_steps.py); 4b. step 3 with the opt-in
+#    hand-off kernel (DELTACHECK_CHUNKED_HANDOFF_KERNEL=1); 5. step 3 with the hand-off in one slice.
 set -u
 WHO=${WHO:-h28}
 CAP=${CAP:-240}
@@ -81,6 +83,16 @@ LEFT=$(( CAP - 4 - $(el) ))
   > "$R/bwd-steps.log" 2>&1
 echo "[$(el) s] steps rc=$?" | tee -a "$R/steps.log"
 
+# 4b. the side-by-side run again with the opt-in hand-off kernel (reference/chunked_fused.py HANDOFF: the chunks'
+#    state hand-off as one kernel instead of one product per chunk), its exactness check first, then the fp64 rows
+#    and FLA's, one process, with the forward's profile
+LEFT=$(( CAP - 3 - $(el) ))
+if [ "$LEFT" -gt 45 ]; then
+  DELTACHECK_CHUNKED_HANDOFF_KERNEL=1 timeout "$LEFT" python3 bench/chunked.py --no-previous --no-graph --no-unfused \
+    --profile --json "$R/bench-handoff.json" > "$R/bench-handoff.log" 2>&1
+  echo "[$(el) s] bench (hand-off kernel) rc=$?" | tee -a "$R/steps.log"
+fi
+
 # 5. the side-by-side run again with the forward's state hand-off made in one slice instead of four (more memory, fewer
 #    kernels), when there is time: the fp64 rows and FLA's, one process
 LEFT=$(( CAP - 3 - $(el) ))
@@ -95,5 +107,6 @@ tail -c 3000 "$R/exact.log" 2>/dev/null
 grep -v '^ *$' "$R/bench.log" 2>/dev/null | tail -c 7000
 tail -c 1500 "$R/configs.log" 2>/dev/null
 cat "$R/bwd-steps.log" 2>/dev/null
+grep -E "exact|^(chunked|fla)|x  " "$R/bench-handoff.log" 2>/dev/null
 grep -E "^(chunked|fla)|x  " "$R/bench-slices1.log" 2>/dev/null
 exit 0

@@ -68,6 +68,15 @@ DOT = True
 PROD = True
 TINV = True
 V_TILE = 32
+# HANDOFF: the chunk-to-chunk state hand-off of a forward segment (``S_{c+1} = P_c S_c + Hh_c`` over its chunks, one
+# batched K x K product per chunk launched from Python, 64 launches of ~12 us at N=4 T=4096 H=16 K=V=128 on an H200,
+# 0.75 ms of a 5.3 ms forward) as one kernel that walks the chunks itself, each program one head's state in
+# HANDOFF_VT-column strips. Opt-in until measured on a GPU: None = ``DELTACHECK_CHUNKED_HANDOFF_KERNEL`` ("1" = on),
+# True / False whatever the environment says; it runs only where the fused kernel is enabled too.
+HANDOFF = None
+HANDOFF_KB = 32  # rows of P_c (and of the state) per step of the inner loop
+HANDOFF_VT = 32  # state columns per program
+HANDOFF_WARPS = 8
 
 
 def config() -> tuple[int, int, bool, bool, bool, bool]:
@@ -82,6 +91,7 @@ def config() -> tuple[int, int, bool, bool, bool, bool]:
 
 
 FAILED = None  # the first failure of the kernel (a compile error, say): from then on the PyTorch path runs
+HANDOFF_FAILED = None  # the same for the hand-off kernel (HANDOFF)
 
 
 def failed(e: Exception) -> None:
@@ -107,7 +117,42 @@ def describe() -> str:
         return f"fused kernel unavailable (triton not importable: {IMPORT_ERROR})"
     return (f"fused kernel {'on' if enabled() else 'off'} (triton {triton.__version__}; FUSED={FUSED}, "
             f"DELTACHECK_CHUNKED_FUSED={os.environ.get('DELTACHECK_CHUNKED_FUSED')!r}; K_TILE, NUM_WARPS, SCAN, DOT, PROD, TINV = "
-            f"{config()}; fp64 CUDA only)")
+            f"{config()}; hand-off kernel {'on' if handoff_enabled() else 'off'}; fp64 CUDA only)")
+
+
+def handoff_enabled() -> bool:
+    if HANDOFF is not None:
+        return bool(HANDOFF)
+    return os.environ.get("DELTACHECK_CHUNKED_HANDOFF_KERNEL", "0").strip() == "1"
+
+
+def handoff_applies(p: torch.Tensor, states: torch.Tensor) -> bool:
+    """Whether :func:`handoff_scan` runs for these tensors (fp64, contiguous, CUDA or the interpreter)."""
+    return (triton is not None and FAILED is None and HANDOFF_FAILED is None and enabled() and handoff_enabled()
+            and p.dtype == states.dtype == torch.float64 and p.is_contiguous() and states.is_contiguous()
+            and (states.is_cuda or _interpreting()))
+
+
+def handoff_failed(e: Exception) -> None:
+    """Record the hand-off kernel's failure (raised before its launch: the states are untouched): warn once; the
+    hand-off runs as one product per chunk from then on, the start kernel is unaffected."""
+    global HANDOFF_FAILED
+    HANDOFF_FAILED = f"{type(e).__name__}: {e}"
+    warnings.warn(f"chunked_gdn2: the fp64 hand-off kernel failed ({HANDOFF_FAILED[:500]}); one product per chunk "
+                  "from now on", stacklevel=3)
+
+
+def handoff_scan(p: torch.Tensor, states: torch.Tensor) -> None:
+    """In place, ``states[c + 1] <- p[c] @ states[c] + states[c + 1]`` for c = 0 .. n-1 in order, ``p [n, NH, K, K]``,
+    ``states [n + 1, NH, K, V]`` (the start state in slot 0, each chunk's ``Hh`` in slot c + 1), as
+    ``chunked_segments._run_states`` does with one batched product per chunk: the same sums, accumulated in
+    HANDOFF_KB-row blocks of P (not the same bits; the same accuracy)."""
+    n, NH, K, _ = p.shape
+    V = states.shape[-1]
+    kp = triton.next_power_of_2(K)
+    kb = min(HANDOFF_KB, kp)
+    vt = max(16, min(HANDOFF_VT, triton.next_power_of_2(V)))
+    _handoff[(NH, triton.cdiv(V, vt))](p, states, n, NH, K=K, V=V, KP=kp, KB=kb, VT=vt, num_warps=HANDOFF_WARPS)
 
 
 def _interpreting() -> bool:
@@ -211,6 +256,35 @@ if triton is not None:
         else:
             out = tl.sum(a[:, :, None] * b[None, :, :], axis=1)
         return out
+
+    @triton.jit
+    def _handoff(p_ptr, st_ptr, NC: tl.constexpr, NH, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
+                 KB: tl.constexpr, VT: tl.constexpr):
+        """One head's state, columns [e0, e0 + VT), carried through the NC chunks: S <- P_c S + Hh_c, each new state
+        written over Hh_c in place. The state lives in ``states`` between chunks (a program holds no K x K tile):
+        every step reads the previous chunk's state back in KB-row blocks, after a barrier, because other threads
+        of the program wrote them. NC (chunks per hand-off slice) is a compile-time constant: Triton's interpreter
+        cannot loop to a runtime bound, and a segment's slices have one or two lengths."""
+        hd = tl.program_id(0)
+        e = tl.program_id(1) * VT + tl.arange(0, VT)
+        r = tl.arange(0, KP)
+        out_mask = (r[:, None] < K) & (e[None, :] < V)
+        # num_stages=1: never software-pipeline this loop, whose next step reads what this step stores (a pipelined
+        # load of the next chunk's state would be issued before this chunk's store). Triton 3.6 does not pipeline
+        # it either way (no cp.async in its sm_90 PTX); the argument keeps a later version from starting to.
+        for c in tl.range(0, NC, num_stages=1):
+            here = st_ptr + ((c + 1) * NH + hd) * K * V
+            prev = st_ptr + (c * NH + hd) * K * V
+            pc = p_ptr + (c * NH + hd) * K * K
+            acc = tl.load(here + r[:, None] * V + e[None, :], mask=out_mask, other=0.0)  # Hh_c
+            for k0 in tl.static_range(0, KP, KB):
+                kk = k0 + tl.arange(0, KB)
+                pk = tl.load(pc + r[:, None] * K + kk[None, :], mask=(r[:, None] < K) & (kk[None, :] < K), other=0.0)
+                sk = tl.load(prev + kk[:, None] * V + e[None, :], mask=(kk[:, None] < K) & (e[None, :] < V),
+                             other=0.0, cache_modifier=".cg")
+                acc += tl.dot(pk, sk)
+            tl.store(here + r[:, None] * V + e[None, :], acc, mask=out_mask)
+            tl.debug_barrier()  # the next chunk reads this state back in other threads' blocks
 
     @triton.jit
     def _mul(a, b):

@@ -97,7 +97,14 @@ def _states(p, hh, s):
 def _run_states(p, states):
     """The hand-off in place: ``states[c + 1] <- P_c states[c] + states[c + 1]`` for c = 0 .. n-1, where
     ``states [n + 1, NH, K, V]`` holds the start state in slot 0 and ``Hh_c`` in slot c + 1. After it, slot c
-    is chunk c's start state and slot n the end state: no copies, one matmul per chunk."""
+    is chunk c's start state and slot n the end state: no copies, one matmul per chunk (or, where
+    ``chunked_fused.handoff_applies``, one kernel for all of them)."""
+    if chunked_fused.handoff_applies(p, states):
+        try:
+            chunked_fused.handoff_scan(p, states)
+            return
+        except Exception as e:  # noqa: BLE001 - a kernel that cannot compile here must not lose the result
+            chunked_fused.handoff_failed(e)
     ps, ss = p.unbind(0), states.unbind(0)
     for c, pc in enumerate(ps):
         ss[c + 1].baddbmm_(pc, ss[c])
@@ -184,7 +191,8 @@ def _forward(plan, ins, h0, keep_every=None):
 def _forms():
     """The module constants that choose a segment's kernels, besides the plan (part of a kept graph's key)."""
     return (HANDOFF_SLICES, chunked_intra.GROUP_TOKENS, chunked_intra.SMALL_INVERSE,
-            chunked_intra_backward.SMALL_GRADS, chunked_intra.KEEP_VIEWS, chunked_fused.enabled())
+            chunked_intra_backward.SMALL_GRADS, chunked_intra.KEEP_VIEWS, chunked_fused.enabled(),
+            chunked_fused.handoff_enabled())
 
 
 # With DIRECT_GRADS the backward writes each input's gradient straight into its stretch of the gradient tensor

@@ -19,20 +19,23 @@ from deltacheck.reference import chunked_fused
 from deltacheck.reference.chunked import chunked_gdn2
 from deltacheck.reference.oracle import token_oracle
 
-calls = [0]
-_start = chunked_fused.start
+
+def counted(fn, box):
+    """``fn`` that adds 1 to ``box[0]`` per call."""
+    def wrapper(*a, **kw):
+        box[0] += 1
+        return fn(*a, **kw)
+    return wrapper
 
 
-def counted_start(*a, **kw):
-    calls[0] += 1
-    return _start(*a, **kw)
-
-
-chunked_fused.start = counted_start
+calls, handoffs = [0], [0]
+chunked_fused.start = counted(chunked_fused.start, calls)
+chunked_fused.handoff_scan = counted(chunked_fused.handoff_scan, handoffs)
 
 
 def both(fn):
-    """``fn()`` with the fused kernel on and off: (on, off, kernel calls while on)."""
+    """``fn()`` with the fused kernel on and off: (on, off, kernel calls while on); the hand-off kernel's calls
+    while on (``chunked_fused.HANDOFF`` / DELTACHECK_CHUNKED_HANDOFF_KERNEL) are added up in ``handoffs``."""
     before = calls[0]
     chunked_fused.FUSED = True
     on = fn()
@@ -44,7 +47,8 @@ def both(fn):
 
 
 def main():
-    out = {"interpreting": chunked_fused._interpreting(), "cases": {}, "config": chunked_fused.config()}
+    out = {"interpreting": chunked_fused._interpreting(), "cases": {}, "config": chunked_fused.config(),
+           "handoff": chunked_fused.handoff_enabled()}
     # the public API, every op and flag set, at chunk 16 (tiers' decays of -1000 on whole tokens and channels);
     # FUSED_CHILD_CASES=core: only the core's cases below (a quicker run, for the kernel's other settings)
     api = os.environ.get("FUSED_CHILD_CASES", "all") != "core"
@@ -72,6 +76,7 @@ def main():
     for c in out["cases"].values():
         for key in ("oracle", "plain"):
             c[key] = c[key] if math.isfinite(c[key]) else "inf"
+    out["handoff_calls"] = handoffs[0]
     json.dump(out, sys.stdout)
 
 
