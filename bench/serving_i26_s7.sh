@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 26, session 7, on the H200: the fla-dispatch causality and graph-replay pairs session 5 left unrun (122 / 123:
-# its three shards were cut at the call's end, bench/results/s5/d26-S5.tgz). Each shard's session-5 results file is
-# taken from that archive and continued with `serving_run --resume FILE` (the checks it holds are kept, the rest
-# run), the three shards side by side in the qla environment (bench/s5_env.sh; carry .qla), FLA's dispatch on.
+# its three shards were cut at the call's end, bench/results/s5/d26-S5.tgz; session 7's call left 18 / 20,
+# bench/results/s7/d26-S7.tgz). Each shard's newest results file is taken from the newest of those archives and
+# continued with `serving_run --resume FILE` (the checks it holds are kept, the rest run), the three shards side by
+# side in the qla environment (bench/s5_env.sh; carry .qla), FLA's dispatch on.
 #   run(command="bash bench/serving_i26_s7.sh", carry=[".qla"], timeout_s=560)
 # Returns $OUT/d26-S7.tgz (the three results files, logs, the tally), refreshed every 20 s.
 set -u
@@ -19,11 +20,14 @@ export S5_CODE=${S5_CODE:-$PWD} PYTHONUNBUFFERED=1 DELTACHECK_CACHE_DIR=${DELTAC
 source bench/s5_env.sh >> "$L/env.txt" 2>&1
 s5_have qla || { say "the qla environment is not installed (carry .qla)"; snap; exit 1; }
 unset FLA_DISABLE_BACKEND_DISPATCH  # fla-dispatch refuses to run with FLA's dispatch off
+# The newest recorded shards: session 7's call (bench/results/s7/d26-S7.tgz) where the checkout has it, else session 5's
+if [ -f bench/results/s7/d26-S7.tgz ]; then PREV=bench/results/s7/d26-S7.tgz TOP=d26-s7
+else PREV=bench/results/s5/d26-S5.tgz TOP=d26-s5; fi
 for i in 1 2 3; do
-  [ -f "$L/fla-dispatch-$i.jsonl" ] || tar -xzf bench/results/s5/d26-S5.tgz -O "d26-s5/fla-dispatch-$i.jsonl" \
-    > "$L/fla-dispatch-$i.jsonl"
+  [ -f "$L/fla-dispatch-$i.jsonl" ] || tar -xzf "$PREV" -O "$TOP/fla-dispatch-$i.jsonl" > "$L/fla-dispatch-$i.jsonl"
 done
-say "session 5's results: $(wc -l "$L"/fla-dispatch-*.jsonl | tail -1)"
+say "shards from $PREV"
+say "results kept: $(cat "$L"/fla-dispatch-*.jsonl | wc -l) lines"
 ( while sleep 20; do snap; done ) & SNAP=$!
 trap 'kill $SNAP 2>/dev/null' EXIT
 BUDGET=$(( CAP - MARGIN - $(el) ))
