@@ -85,10 +85,11 @@ echo "[$(el) s] steps rc=$?" | tee -a "$R/steps.log"
 
 # 4b. the side-by-side run again with the opt-in hand-off kernel (reference/chunked_fused.py HANDOFF: the chunks'
 #    state hand-off as one kernel instead of one product per chunk), its exactness check first, then the fp64 rows
-#    and FLA's, one process, with the forward's profile
+#    and FLA's, one process, with the forward's profile and the forward replayed from a CUDA graph (its GPU time
+#    without launch gaps: how much of the rest is the CPU's)
 LEFT=$(( CAP - 3 - $(el) ))
 if [ "$LEFT" -gt 45 ]; then
-  DELTACHECK_CHUNKED_HANDOFF_KERNEL=1 timeout "$LEFT" python3 bench/chunked.py --no-previous --no-graph --no-unfused \
+  DELTACHECK_CHUNKED_HANDOFF_KERNEL=1 timeout "$LEFT" python3 bench/chunked.py --no-previous --no-unfused \
     --profile --json "$R/bench-handoff.json" > "$R/bench-handoff.log" 2>&1
   echo "[$(el) s] bench (hand-off kernel) rc=$?" | tee -a "$R/steps.log"
 fi
