@@ -292,12 +292,51 @@ def test_a_cases_flashqla_and_fla_dispatch_tasks_go_to_one_worker_back_to_back()
     assert compile_family(kda, "fla-dispatch")[0] == "fla-dispatch"  # no FlashQLA kernel for KDA
     queue = TaskQueue(tasks)
     family = compile_family(cases[0], "flashqla")
-    handed = []
-    while (task := queue.take(family)) is not None and compile_family(*task[1]) == family:
+    handed, last = [], None
+    while (task := queue.take(family, last)) is not None and compile_family(*task[1]) == family:
         handed.append(task[1])
+        last = task[1][0].id
     assert len(handed) == 2 * sum(compile_family(c, "flashqla") == family for c in cases)
     pairs = [handed[i:i + 2] for i in range(0, len(handed), 2)]
     assert all(a[0].id == b[0].id and (a[1], b[1]) == ("fla-dispatch", "flashqla") for a, b in pairs)
+
+
+def test_workers_sharing_a_family_never_split_a_case_between_them():
+    """Three workers on the shared FlashQLA family (more workers than families, as at -j 8): each case's
+    fla-dispatch and flashqla tasks go to one worker, the second right after the first, never to two workers at
+    once; a fresh worker after a crash gets the crashed case's held task; every task is handed exactly once."""
+    from deltacheck.harness.run.pool import TaskQueue, compile_family
+
+    cases = [c for c in select(tier="L0", op="gdn") if c.K == c.V == 128 and c.io_dtype == "bf16"]
+    tasks = list(enumerate((c, s) for c in cases for s in ("fla-dispatch", "flashqla")))
+    family = compile_family(cases[0], "flashqla")
+    assert all(compile_family(*t[1]) == family for t in tasks) and len(cases) >= 6
+    queue = TaskQueue(tasks)
+    running = [queue.take(), queue.take(), queue.take()]  # three workers start: three different cases
+    assert len({t[1][0].id for t in running}) == 3 and all(t[1][1] == "fla-dispatch" for t in running)
+    handed = list(running)
+    # worker 0 "crashes": its fresh worker asks with the crashed task's family and case, and gets the held task
+    crashed = running[0]
+    again = queue.take(family, crashed[1][0].id)
+    assert again[1] == (crashed[1][0], "flashqla")
+    handed.append(again)
+    running[0] = again
+    k = 0
+    while any(t is not None for t in running):
+        w = k % 3
+        k += 1
+        if running[w] is None:
+            continue
+        done = running[w]
+        nxt = queue.take(family, done[1][0].id)
+        if done[1][1] == "fla-dispatch":  # the case's other task comes next, to the same worker
+            assert nxt is not None and nxt[1] == (done[1][0], "flashqla")
+        if nxt is not None:
+            others = {t[1][0].id for i, t in enumerate(running) if i != w and t is not None}
+            assert nxt[1][0].id not in others  # never a case another worker is on
+            handed.append(nxt)
+        running[w] = nxt
+    assert sorted(i for i, _ in handed) == list(range(len(tasks)))
 
 
 def test_a_slow_family_does_not_hold_back_the_others(tmp_path, monkeypatch):

@@ -126,6 +126,12 @@ class TaskQueue:
     kernels are built and autotuned in that process); otherwise it starts the family that the fewest
     workers are on, most tasks left first. So each family is compiled by as few processes as possible,
     and the work balances itself however long each family takes — no family is stuck behind a slow one.
+
+    Within a family, one case's tasks go to one worker, back to back: the worker that takes a case's first task
+    holds the others, and gets them when it says which case it last ran (``take(family, case_id)``). Backends
+    that share kernels (``shards.SHARED_KERNELS``: fla-dispatch and flashqla build the same FlashQLA kernels,
+    keyed on each case's shapes and scale) would otherwise compile a case's kernels in two workers at once when
+    two workers share a family (seen on the H200: 17 of 83 TileLang compiles, 303 s, at -j 8).
     """
 
     def __init__(self, tasks: list, pairs=None) -> None:
@@ -135,12 +141,21 @@ class TaskQueue:
         for task in tasks:
             self._left.setdefault(compile_family(*task[1]), deque()).append(task)
         self._active: Counter = Counter()
+        self._held: dict[tuple, deque] = {}  # (family, case id) -> the case's tasks its worker has still to run
 
-    def take(self, previous: tuple | None = None):
-        """The next task for a worker whose last task was of family ``previous``; None when none is left."""
+    def take(self, previous: tuple | None = None, case_id: str | None = None):
+        """The next task for a worker whose last task was of family ``previous`` (and case ``case_id``); None when
+        none is left."""
         with self._lock:
             if previous is not None:
                 self._active[previous] -= 1
+            held = self._held.get((previous, case_id))
+            if held:
+                self._active[previous] += 1
+                task = held.popleft()
+                if not held:
+                    del self._held[(previous, case_id)]
+                return task
             if previous is not None and self._left.get(previous):
                 family = previous
             else:
@@ -149,7 +164,14 @@ class TaskQueue:
                     return None
                 family = min(open_families, key=lambda f: (self._active[f], -len(self._left[f])))
             self._active[family] += 1
-            return self._left[family].popleft()
+            queue = self._left[family]
+            task = queue.popleft()
+            cid = task[1][0].id
+            rest = [t for t in queue if t[1][0].id == cid]
+            if rest:  # the case's other tasks in this family: this worker's, next
+                self._held[(family, cid)] = deque(rest)
+                self._left[family] = deque(t for t in queue if t[1][0].id != cid)
+            return task
 
 
 class _Watchdog:
@@ -227,7 +249,7 @@ def run_in_workers(queue: TaskQueue, results_path, opts, on_done, max_restarts=5
             idx, _, summary = rest.partition(" ")
             on_done(int(idx), json.loads(summary))
             family = compile_family(*in_flight[1])
-            in_flight = queue.take(family)
+            in_flight = queue.take(family, in_flight[1][0].id)
             _send(proc, None, in_flight)  # the next task, or end of input: the worker exits
             if in_flight is not None:
                 watchdog.arm()
@@ -253,7 +275,7 @@ def run_in_workers(queue: TaskQueue, results_path, opts, on_done, max_restarts=5
         restarts += 1
         if restarts > max_restarts:
             raise RuntimeError(f"worker crashed {restarts} times; giving up (see {results_path})")
-        task = queue.take(compile_family(case, spec))
+        task = queue.take(compile_family(case, spec), case.id)  # the crashed case's other tasks, if held
 
 
 class WorkerClient:
