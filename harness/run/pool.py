@@ -127,12 +127,9 @@ class TaskQueue:
     workers are on, most tasks left first. So each family is compiled by as few processes as possible,
     and the work balances itself however long each family takes — no family is stuck behind a slow one.
 
-    Within a family, one case's tasks go to one worker, back to back: the worker that takes a case's first task
-    holds the others, and gets them when it says which case it last ran (``take(family, case_id)``). Backends
-    that share kernels (``shards.SHARED_KERNELS``: fla-dispatch and flashqla build the same FlashQLA kernels,
-    keyed on each case's shapes and scale) would otherwise compile a case's kernels in two workers at once when
-    two workers share a family (seen on the H200: 17 of 83 TileLang compiles, 303 s, at -j 8).
-    """
+    Within a family one case's tasks go to one worker, back to back (``take(family, case_id)`` hands it the rest):
+    backends sharing kernels (``shards.SHARED_KERNELS``) would else build a case's kernels in two workers at once
+    when two share a family (on the H200: 17 of 83 TileLang compiles, 303 s, at -j 8)."""
 
     def __init__(self, tasks: list, pairs=None) -> None:
         self.pairs = dict(pairs or {})  # the run's availability verdicts, handed to every worker with its config
@@ -144,8 +141,7 @@ class TaskQueue:
         self._held: dict[tuple, deque] = {}  # (family, case id) -> the case's tasks its worker has still to run
 
     def take(self, previous: tuple | None = None, case_id: str | None = None):
-        """The next task for a worker whose last task was of family ``previous`` (and case ``case_id``); None when
-        none is left."""
+        """The next task for a worker whose last task was of family ``previous``, case ``case_id``; else None."""
         with self._lock:
             if previous is not None:
                 self._active[previous] -= 1
