@@ -333,6 +333,22 @@ def test_cudnn_forward_only_plan_gives_backward_false(open_gate):
     assert "kda_hopper: forward only" in verdict.backward_reason
 
 
+def test_cudnn_refusing_the_forward_that_records_for_a_backward_declines_only_the_backward(open_gate):
+    """FE may refuse the training forward (the call with inputs that need gradients) where it plans the plain one:
+    the probe's second call. That is the backward's decline; the forward stays runnable."""
+    calls = []
+
+    def training_refused(fn, call):
+        calls.append(fn)
+        return "kda_hopper: no training graph" if len(calls) > 1 else None
+
+    backend = cudnn_backend(decline=training_refused)
+    verdict = backend.check(_cases("kda")[0].replace(backward=True), ENV)
+    assert verdict.runnable and not verdict.backward and len(calls) == 2
+    assert verdict.backward_reason.startswith("the backward: cuDNN declined: ")
+    assert "kda_hopper: no training graph" in verdict.backward_reason
+
+
 def test_cudnn_missing_tileiras_is_a_decline(open_gate):
     backend = cudnn_backend(first_call_error=FileNotFoundError(2, "No such file or directory", "tileiras"))
     verdict = backend.check(_cases("gdn")[0], ENV)

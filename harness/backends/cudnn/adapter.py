@@ -282,25 +282,24 @@ class CudnnBackend(CudnnServing):
 
         probe_case = self._probe_case(case)
         inputs = make_inputs(probe_case, device=self.device)
-        declined = self._declined_errors()
-        plan = f" (plan_name={self.plan_name!r})" if self.plan_name else ""
+        plan, outside = self._pin_text(), self._why_outside(case)
         try:
             _, _, notes = self._call(probe_case, inputs)
-        except RunDeclined as exc:  # FE's refusal, or a pin FE did not honour (_check_pin)
+        except RunDeclined as exc:  # FE's refusal (_call turns FE's error into it), or a pin FE did not honour
             return Verdict.no(str(exc))
-        except declined as exc:
-            return Verdict.no(f"cuDNN declined{plan}: {exc}")
         except FileNotFoundError as exc:
             if "tileiras" in str(exc):  # the cuTile engine compiles on first call with the external tileiras
                 return Verdict.no(f"cuDNN engine could not compile its kernel{plan}: `tileiras` not found "
-                                  f"(cuTile needs it on PATH): {exc}")
+                                  f"(cuTile needs it on PATH): {exc}{outside}")
             # e.g. FE 1.30.0's wheel ships the Hopper KDA engine without its kda_fused_sm90.cu source.
             return Verdict.no(f"cuDNN engine needs a file missing from this nvidia-cudnn-frontend installation"
-                              f"{plan}: {exc} (a packaging problem of this version: reinstall, or use another)")
+                              f"{plan}: {exc} (a packaging problem of this version: reinstall, or use another)"
+                              f"{outside}")
         except Exception as exc:  # noqa: BLE001
             if _looks_like_compile_error(exc):
                 engine = f" ({self._served})" if self._served and not self._served.startswith("not recorded") else ""
-                return Verdict.no(f"cuDNN engine{engine} failed to compile its kernel{plan}: {type(exc).__name__}: {exc}")
+                return Verdict.no(f"cuDNN engine{engine} failed to compile its kernel{plan}: {type(exc).__name__}: "
+                                  f"{exc}{outside}")
             # Anything else is not a decline: let the run itself raise it, so it is reported as an error.
             return Verdict.ok(f"probe call raised {type(exc).__name__}: {exc}; the run will report it")
         if not case.backward:
@@ -310,7 +309,9 @@ class CudnnBackend(CudnnServing):
         try:
             out, final_state, _ = self._call(probe_case, {**inputs, **grads})
             (out.float().sum() + final_state.float().sum()).backward()
-        except declined as exc:
+        except RunDeclined as exc:  # FE refused the forward that records for a backward: the backward's decline
+            return Verdict.ok(*notes, backward=False, backward_reason=f"the backward: {exc}")
+        except self._declined_errors() as exc:
             return Verdict.ok(*notes, backward=False, backward_reason=f"cuDNN declined the backward{plan}: {exc}")
         except Exception as exc:  # noqa: BLE001
             return Verdict.ok(*notes, f"backward probe raised {type(exc).__name__}: {exc}; the run will report it")
@@ -347,15 +348,9 @@ class CudnnEngineBackend(CudnnBackend):
             return Verdict.no(f"{self.name} serves {facts.ENGINES[self.engine]} only, not {op!r}")
         return facts.engine_verdict(self.engine, env)
 
-    def _probe(self, case) -> Verdict:
-        # A strict pin's decline names only the plans offered; the engine's own gate reason stays inside FE. Where
-        # the case is outside the engine's envelope (read from that gate), say which axis put it there.
-        verdict = super()._probe(case)
-        if verdict.runnable or "; outside " in verdict.reason:
-            return verdict
-        return Verdict.no(verdict.reason + self._why_outside(case)) if self._why_outside(case) else verdict
-
     def _why_outside(self, case) -> str:
+        # A strict pin's decline names only the plans offered; the engine's own gate reason stays inside FE. Where
+        # the case is outside the engine's envelope (read from that gate), every decline says which axis put it there.
         outside = [why for e in facts.engine_envelopes(self.engine) if (why := e.why_not(case))]
         return f"; outside {self.engine}'s gate (docs/libraries.md): {outside[0]}" if outside else ""
 
