@@ -1336,29 +1336,29 @@ def test_the_log_decay_nan_serving_entries_cover_only_non_finite_r2_results(issu
 # --- issue 25, session 5: FlashInfer's L0 on the H200, as recorded (bench/results/s5/d25-S5.tgz) --------------------
 
 S5_TGZ = TESTS.parent / "bench/results/s5/d25-S5.tgz"
+SHIPPED_BY_ID = {i.id: i for i in load_known_issues([SHIPPED])}
 
 
-def _s5_records(run: str) -> list[dict]:
-    """The records of run ``run`` (F: cold, F-warm) of session 5's d25 call, read from the archive as returned."""
+def _records(archive: Path, prefix: str) -> list[dict]:
+    """Every record of the run directories under ``prefix`` in ``archive`` (a device call's archive as returned)."""
     import json
     import tarfile
 
-    with tarfile.open(S5_TGZ) as tar:
-        member = next(m for m in tar.getmembers() if m.name.startswith(f"d25-s5/runs/{run}/")
-                      and m.name.endswith("/results.jsonl"))
-        return [json.loads(line) for line in tar.extractfile(member).read().decode().splitlines() if line.strip()]
+    with tarfile.open(archive) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith(prefix) and m.name.endswith("/results.jsonl")]
+        assert members, prefix
+        return [json.loads(line) for m in members
+                for line in tar.extractfile(m).read().decode().splitlines() if line.strip()]
 
 
-def _as_run_before_the_table(rec: dict) -> Result:
-    """A recorded result as the runner judged it before any known-issues entry: ``known`` back to the failure the
-    entry covered (its reason after the entry's text)."""
-    fields = {k: v for k, v in rec.items() if k in Result.__dataclass_fields__}
-    result = Result(**fields)
+def _unmarked(rec: dict) -> Result:
+    """A recorded result as the runner judged it before any known-issues entry: ``known`` back to the failure (or,
+    for an ``error_contains`` entry, the error) the entry covered, its reason the one after the entry's text."""
+    result = Result(**{k: v for k, v in rec.items() if k in Result.__dataclass_fields__})
     if result.status == "known":
-        entry = result.metrics.pop("known_issue")
+        entry = SHIPPED_BY_ID[result.metrics.pop("known_issue")]
         result.reason = result.reason.split(" — ", 1)[1]
-        result.status = "error" if "Misaligned Tensor data" in result.reason else "fail"
-        assert entry.startswith("flashinfer-")
+        result.status = "error" if entry.error_contains else "fail"
     return result
 
 
@@ -1388,9 +1388,10 @@ def test_the_shipped_table_on_flashinfers_s5_l0_leaves_no_failure_and_no_entry_g
 
     issues = load_known_issues([SHIPPED])
     by_task = defaultdict(list)
-    for rec in _s5_records(run):
+    for rec in _records(S5_TGZ, f"d25-s5/runs/{run}/"):
         if rec.get("kind") == "result" and rec["backend"].startswith("flashinfer"):
-            by_task[(rec["case"], rec["backend"])].append(_as_run_before_the_table(rec))
+            assert rec["status"] != "known" or rec["metrics"]["known_issue"].startswith("flashinfer-")
+            by_task[(rec["case"], rec["backend"])].append(_unmarked(rec))
     raw = sorted((c, b, r.check) for (c, b), rs in by_task.items() for r in rs if r.status in ("fail", "error"))
     assert len(raw) == 44  # the run's own end record: 40 known, 2 failed, 2 errored
     left, gone, known = _judge(by_task, issues, H200_FI)
@@ -1481,28 +1482,6 @@ S7_DIR = TESTS.parent / "bench/results/s7"
 H200_QLA = replace(H200, versions={**H200.versions, "flash_qla": "0.1.3", "triton": "3.6.0"})
 
 
-def _records(tgz: str, prefix: str) -> list[dict]:
-    """Every record of the run directories under ``prefix`` in the archive ``tgz`` (as returned by the device)."""
-    import json
-    import tarfile
-
-    with tarfile.open(S7_DIR / tgz) as tar:
-        members = [m for m in tar.getmembers() if m.name.startswith(prefix) and m.name.endswith("/results.jsonl")]
-        assert members, prefix
-        return [json.loads(line) for m in members
-                for line in tar.extractfile(m).read().decode().splitlines() if line.strip()]
-
-
-def _unmarked(rec: dict) -> Result:
-    """A recorded result as judged before any known-issues entry (``known`` back to what the entry covered)."""
-    result = Result(**{k: v for k, v in rec.items() if k in Result.__dataclass_fields__})
-    if result.status == "known":
-        result.metrics.pop("known_issue")
-        result.reason = result.reason.split(" — ", 1)[1]
-        result.status = "error" if "invalid sequence lengths" in result.reason else "fail"
-    return result
-
-
 def _judge_records(records: list[dict], issues) -> tuple[list, list, dict]:
     """``_judge`` over recorded results (each as judged before any entry) on session 7's H200 environment."""
     from collections import defaultdict
@@ -1517,7 +1496,7 @@ def _judge_records(records: list[dict], issues) -> tuple[list, list, dict]:
 def test_the_shipped_table_on_the_completed_fla_dispatch_l0_leaves_no_failure_and_no_entry_gone():
     """Session 5's fla-dispatch + flashqla L0, resumed to its end in session 7: its 5 failing checks (4 cases) and 68
     known ones are all inside shipped entries, each new entry covers exactly what failed, and none is gone."""
-    records = _records("d25-S6.tgz", "d25-s6/runs/A/")
+    records = _records(S7_DIR / "d25-S6.tgz", "d25-s6/runs/A/")
     end = [r for r in records if r.get("kind") == "end"]
     assert end and end[-1]["counts"]["fail"] == 5 and end[-1]["counts"]["known"] == 68
     left, gone, known = _judge_records(records, load_known_issues([SHIPPED]))
@@ -1541,7 +1520,7 @@ def test_the_repro_runs_separate_tf32_from_the_a_log_gradient():
     check with exact fp32 dots (I); the GDN dA_log failures stay with exact fp32 dots (not TF32)."""
     def statuses(run: str) -> dict:
         return {(r["case"].split("-")[0], r["case"], r["check"]): r["status"]
-                for r in _records("d25-S7.tgz", f"d25-s7/runs/{run}/")
+                for r in _records(S7_DIR / "d25-S7.tgz", f"d25-s7/runs/{run}/")
                 if r.get("kind") == "result" and r["status"] != "skip"}
 
     default, ieee, plain = statuses("D"), statuses("I"), statuses("F")
