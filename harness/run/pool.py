@@ -134,9 +134,10 @@ class TaskQueue:
     def __init__(self, tasks: list, pairs=None) -> None:
         self.pairs = dict(pairs or {})  # the run's availability verdicts, handed to every worker with its config
         self._lock = threading.Lock()
-        self._left: dict[tuple, deque] = {}
+        by_case: dict[tuple, dict[str, deque]] = {}  # family -> case id -> its tasks, in the order given
         for task in tasks:
-            self._left.setdefault(compile_family(*task[1]), deque()).append(task)
+            by_case.setdefault(compile_family(*task[1]), {}).setdefault(task[1][0].id, deque()).append(task)
+        self._left = {family: deque(cases.values()) for family, cases in by_case.items()}  # per family, per case
         self._active: Counter = Counter()
         self._held: dict[tuple, deque] = {}  # (family, case id) -> the case's tasks its worker has still to run
 
@@ -145,28 +146,19 @@ class TaskQueue:
         with self._lock:
             if previous is not None:
                 self._active[previous] -= 1
-            held = self._held.get((previous, case_id))
-            if held:
-                self._active[previous] += 1
-                task = held.popleft()
-                if not held:
-                    del self._held[(previous, case_id)]
-                return task
-            if previous is not None and self._left.get(previous):
-                family = previous
-            else:
-                open_families = [f for f, q in self._left.items() if q]
-                if not open_families:
-                    return None
-                family = min(open_families, key=lambda f: (self._active[f], -len(self._left[f])))
+            family = previous
+            case = self._held.pop((previous, case_id), None)
+            if not case:
+                if previous is None or not self._left.get(previous):
+                    open_families = [f for f, q in self._left.items() if q]
+                    if not open_families:
+                        return None
+                    family = min(open_families, key=lambda f: (self._active[f], -sum(map(len, self._left[f]))))
+                case = self._left[family].popleft()
             self._active[family] += 1
-            queue = self._left[family]
-            task = queue.popleft()
-            cid = task[1][0].id
-            rest = [t for t in queue if t[1][0].id == cid]
-            if rest:  # the case's other tasks in this family: this worker's, next
-                self._held[(family, cid)] = deque(rest)
-                self._left[family] = deque(t for t in queue if t[1][0].id != cid)
+            task = case.popleft()
+            if case:  # the case's other tasks in this family: this worker's, next
+                self._held[(family, task[1][0].id)] = case
             return task
 
 
