@@ -106,8 +106,7 @@ def redeclare_refused_pins(results: dict[tuple, dict]) -> list[str]:
     (graph replay "passed") are another engine's. The adapter now declines both (``RunDeclined``: the refusal, and
     a pinned call served by another engine); this applies the same rule to the records: every result of such a
     backend x case becomes ``declined`` with FE's words and the engines it offered. Returns a line per result."""
-    from deltacheck.harness.backends.cudnn.adapter import _offered
-    from deltacheck.harness.backends.cudnn.facts import engine_backend
+    from deltacheck.harness.backends.cudnn.adapter import refusal_reason
 
     refused = {}
     for (backend, _, case), r in results.items():
@@ -119,14 +118,12 @@ def redeclare_refused_pins(results: dict[tuple, dict]) -> list[str]:
     for (backend, check, case), r in sorted(results.items()):
         if (backend, case) not in refused or r["status"] == "declined":
             continue
-        engine, words = backend.split("@", 1)[1], refused[(backend, case)]
-        offered = ", ".join(engine_backend(e) for e in _offered(words))
         was = r["status"]
         lines.append(f"REDECLARED {backend} {check} {case}: recorded {was}")
         r["status"] = "declined"
-        r["reason"] = (f"cuDNN declined (plan_name={engine!r}): {words}; served by {offered} (or routed `cudnn`), not "
-                       f"by {engine} (recorded {was} before the pinned-engine fix: FE's refusal at the call, "
-                       "or another engine's result on FE's cached unpinned graph)")
+        r["reason"] = (f"{refusal_reason(backend.split('@', 1)[1], refused[(backend, case)])} (recorded {was} before "
+                       "the pinned-engine fix: FE's refusal at the call, or another engine's result on FE's cached "
+                       "unpinned graph)")
     return lines
 
 

@@ -199,12 +199,7 @@ class CudnnBackend(CudnnServing):
 
     def _decline_reason(self, case, exc: Exception) -> str:
         """FE's refusal in its words, and the fix: which engines FE offered the graph to instead."""
-        reason = f"cuDNN declined{self._pin_text()}: {exc}"
-        offered = _offered(str(exc))
-        if self.plan_name and offered:
-            reason += (f"; served by {', '.join(facts.engine_backend(e) for e in offered)} (or routed `cudnn`), "
-                       f"not by {self.plan_name}")
-        return reason + self._why_outside(case)
+        return refusal_reason(self.plan_name, str(exc)) + self._why_outside(case)
 
     def _why_outside(self, case) -> str:
         """Where a pinned engine's envelope (read from its gate) leaves the case out: "; outside ...", or ""."""
@@ -316,6 +311,17 @@ class CudnnBackend(CudnnServing):
         except Exception as exc:  # noqa: BLE001
             return Verdict.ok(*notes, f"backward probe raised {type(exc).__name__}: {exc}; the run will report it")
         return Verdict.ok(*notes)
+
+
+def refusal_reason(plan_name: str | None, message: str) -> str:
+    """FE's refusal (``message``, in its words) of a call pinned to ``plan_name`` (or routed: None), and the fix:
+    the backends of the engines FE offered the graph to instead."""
+    reason = f"cuDNN declined{f' (plan_name={plan_name!r})' if plan_name else ''}: {message}"
+    offered = _offered(message)
+    if plan_name and offered:
+        reason += (f"; served by {', '.join(facts.engine_backend(e) for e in offered)} (or routed `cudnn`), "
+                   f"not by {plan_name}")
+    return reason
 
 
 def _offered(message: str) -> list[str]:
