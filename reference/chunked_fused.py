@@ -116,8 +116,8 @@ def describe() -> str:
     if triton is None:
         return f"fused kernel unavailable (triton not importable: {IMPORT_ERROR})"
     return (f"fused kernel {'on' if enabled() else 'off'} (triton {triton.__version__}; FUSED={FUSED}, "
-            f"DELTACHECK_CHUNKED_FUSED={os.environ.get('DELTACHECK_CHUNKED_FUSED')!r}; K_TILE, NUM_WARPS, SCAN, DOT, PROD, TINV = "
-            f"{config()}; hand-off kernel {'on' if handoff_enabled() else 'off'}; fp64 CUDA only)")
+            f"DELTACHECK_CHUNKED_FUSED={os.environ.get('DELTACHECK_CHUNKED_FUSED')!r}; K_TILE, NUM_WARPS, SCAN, DOT, "
+            f"PROD, TINV = {config()}; hand-off kernel {'on' if handoff_enabled() else 'off'}; fp64 CUDA only)")
 
 
 def handoff_enabled() -> bool:
@@ -177,9 +177,9 @@ def start(q, k, v, g, b, w, chunk, keep=False):
     """The kernel over every 16-token group of a segment ``[N, Ls, H, D]`` (fp64): ``(tm, rows, cols, wv, tot,
     agrp)`` with ``tm [B, 2, C, C]`` zero but for T's unit diagonal (with TINV: T's diagonal 16-blocks) and M's
     diagonal 16-blocks, ``rows [B, C, 2, K]`` and ``cols [B, C, K]`` scaled for level 16, ``wv [B, C, V]``, ``tot [B,
-    C/16, Kg]`` and ``agrp [B, C/16, 16, 16]`` (A's pairs inside each group; None with TINV), B = nc*N*H chunk-major (``chunked_intra.chunk_view``). With ``keep``
-    (the backward's recompute) also ``kq [B, C, 2, K]`` = (k*b, q), k ``[B, C, K]`` and exp(g) ``[B, C, Kg]`` in chunk
-    layout, as ``(..., kq, k, eg)``."""
+    C/16, Kg]`` and ``agrp [B, C/16, 16, 16]`` (A's pairs inside each group; None with TINV), B = nc*N*H
+    chunk-major (``chunked_intra.chunk_view``). With ``keep`` (the backward's recompute) also ``kq [B, C, 2, K]`` =
+    (k*b, q), k ``[B, C, K]`` and exp(g) ``[B, C, Kg]`` in chunk layout, as ``(..., kq, k, eg)``."""
     N, Ls, H, K = k.shape
     V = v.shape[-1]
     C = chunk

@@ -257,9 +257,9 @@ def _plain_start(q, k, v, g, b, w, C, gate_dtype, keep, q_scale, fast, scaled, p
 def _fused_start(q, k, v, g, b, w, C, keep):
     """The same start from ``chunked_fused.start`` (fp64 on CUDA): its kernel makes levels 1..8's M blocks and T
     blocks (``chunked_fused.TINV``; else A's pairs, from which T's blocks of levels 1..8 follow here as the loop makes
-    them), the rows, columns and totals of level 16 and ``w*v``. Returns ``(tm, rows, cols, wv, tot, s, kq, k, eg)`` for the loop to go on from at
-    s = 16 (the last three for the backward with ``keep``, else None), or None where the kernel failed
-    (``chunked_fused.failed``: the PyTorch path runs from then on)."""
+    them), the rows, columns and totals of level 16 and ``w*v``. Returns ``(tm, rows, cols, wv, tot, s, kq, k, eg)``
+    for the loop to go on from at s = 16 (the last three for the backward with ``keep``, else None), or None where
+    the kernel failed (``chunked_fused.failed``: the PyTorch path runs from then on)."""
     try:
         got = chunked_fused.start(q, k, v, g, b, w, C, keep)
     except Exception as e:  # noqa: BLE001 - a kernel that cannot compile or run here must not lose the result
