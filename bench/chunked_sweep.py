@@ -32,14 +32,16 @@ import torch
 
 _HERE = Path(__file__).resolve().parent
 try:
-    from deltacheck.reference import chunked, chunked_intra, chunked_intra_backward, chunked_replay, chunked_segments
+    from deltacheck.reference import (chunked, chunked_fused, chunked_intra, chunked_intra_backward, chunked_replay,
+                                      chunked_segments)
     from deltacheck.reference.oracle import token_oracle
 except ImportError:  # a bare checkout: the repository root as the package `deltacheck`
     _spec = importlib.util.spec_from_file_location(
         "deltacheck", _HERE.parent / "__init__.py", submodule_search_locations=[str(_HERE.parent)])
     sys.modules["deltacheck"] = _mod = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_mod)
-    from deltacheck.reference import chunked, chunked_intra, chunked_intra_backward, chunked_replay, chunked_segments
+    from deltacheck.reference import (chunked, chunked_fused, chunked_intra, chunked_intra_backward, chunked_replay,
+                                      chunked_segments)
     from deltacheck.reference.oracle import token_oracle
 
 
@@ -57,7 +59,7 @@ EXACT = 1e-12
 
 # name -> (chunked_gdn2 keywords, {(module, constant): value})
 _I, _C, _R = chunked_intra, chunked, chunked_replay
-_S, _IB = chunked_segments, chunked_intra_backward
+_S, _IB, _F = chunked_segments, chunked_intra_backward, chunked_fused
 VARIANTS = {
     "main": ({}, {}),
     "eager": ({"graph_forward": False, "graph_backward": False}, {}),
@@ -107,6 +109,13 @@ VARIANTS = {
     "no-views": ({}, {(_I, "KEEP_VIEWS"): False}),
     "no-direct": ({}, {(_S, "DIRECT_GRADS"): False}),
     "copies": ({}, {(_I, "KEEP_VIEWS"): False, (_S, "DIRECT_GRADS"): False}),
+    # the chunks' state hand-off as one Triton kernel (chunked_fused.HANDOFF), and its strip widths / warps
+    "handoff": ({}, {(_F, "HANDOFF"): True}),
+    "handoff-vt16": ({}, {(_F, "HANDOFF"): True, (_F, "HANDOFF_VT"): 16}),
+    "handoff-vt64": ({}, {(_F, "HANDOFF"): True, (_F, "HANDOFF_VT"): 64}),
+    "handoff-w4": ({}, {(_F, "HANDOFF"): True, (_F, "HANDOFF_WARPS"): 4}),
+    "handoff-s1": ({}, {(_F, "HANDOFF"): True, (_S, "HANDOFF_SLICES"): 1}),
+    "no-handoff": ({}, {(_F, "HANDOFF"): False}),
     "gfgb16-c128": ({"graph_forward": True, "graph_backward": True, "chunk_size": 128},
                     {(_C, "GRAPH_FORWARD_SEGMENT_BYTES"): 16 * MIB, (_C, "GRAPH_BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
 }

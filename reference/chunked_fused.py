@@ -71,8 +71,9 @@ V_TILE = 32
 # HANDOFF: the chunk-to-chunk state hand-off of a forward segment (``S_{c+1} = P_c S_c + Hh_c`` over its chunks, one
 # batched K x K product per chunk launched from Python, 64 launches of ~12 us at N=4 T=4096 H=16 K=V=128 on an H200,
 # 0.75 ms of a 5.3 ms forward) as one kernel that walks the chunks itself, each program one head's state in
-# HANDOFF_VT-column strips. Opt-in until measured on a GPU: None = ``DELTACHECK_CHUNKED_HANDOFF_KERNEL`` ("1" = on),
-# True / False whatever the environment says; it runs only where the fused kernel is enabled too.
+# HANDOFF_VT-column strips. Opt-in: on the H200 it measured no faster (docs/ops.md, "The hand-off kernel").
+# None = ``DELTACHECK_CHUNKED_HANDOFF_KERNEL`` ("1" = on), True / False whatever the environment says; it runs only
+# where the fused kernel is enabled too.
 HANDOFF = None
 HANDOFF_KB = 32  # rows of P_c (and of the state) per step of the inner loop
 HANDOFF_VT = 32  # state columns per program

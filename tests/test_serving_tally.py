@@ -106,24 +106,29 @@ def test_the_tally_over_s4_r2_and_s5_leaves_no_failure_and_no_error(tally, tmp_p
     assert not any(c.get("failed") or c.get("error") for c in counts.values())
 
 
-SESSION_ARCHIVES = ("s5/d26-S5.tgz", "s7/d26-S6.tgz", "s7/d26-S7.tgz")  # later ones replace a pair's record
+# (archive, the folder it unpacks, where it is unpacked), later ones replacing a pair's record
+SESSION_ARCHIVES = (("s5/d26-S5.tgz", "d26-s5", "."), ("s7/d26-S6.tgz", "d26-s6", "."),
+                    ("s7/d26-S7.tgz", "d26-s7", "."), ("s8/d26-S7b.tgz", "d26-s7", "s8"))
 
 
-def _unpacked(tmp_path) -> list[str]:
-    """S4, R2, session 5's call and session 7's two (the kda_hopper_cuda check of the pinned-engine fix, the
-    fla-dispatch shards resumed), in that order."""
+def _unpacked(tmp_path, upto: int | None = None) -> list[str]:
+    """S4, R2, session 5's call, session 7's two (the kda_hopper_cuda check of the pinned-engine fix, the
+    fla-dispatch shards resumed) and session 8's (those shards resumed to their end), in that order; ``upto``: only
+    the first so many session archives."""
     import tarfile
 
-    for name in SESSION_ARCHIVES:
+    dirs = []
+    for name, top, where in SESSION_ARCHIVES[:upto]:
         with tarfile.open(REPO / "bench/results" / name) as tar:
-            tar.extractall(tmp_path, filter="data")
-    return [str(S4), str(R2), *(str(tmp_path / d) for d in ("d26-s5", "d26-s6", "d26-s7"))]
+            tar.extractall(tmp_path / where, filter="data")
+        dirs.append(str(tmp_path / where / top))
+    return [str(S4), str(R2), *dirs]
 
 
 def test_the_tally_through_session_7_leaves_no_failure_and_no_error(tally, tmp_path, capsys):
     """With session 7's calls: the fixed adapter's records of kda_hopper_cuda decline FE's refused pins themselves
     (no error left to re-declare there), and fla-dispatch's resumed shards add runs with no failure and no error."""
-    assert tally.main([*_unpacked(tmp_path), "--json", str(tmp_path / "t.json")]) == 0
+    assert tally.main([*_unpacked(tmp_path, 3), "--json", str(tmp_path / "t.json")]) == 0
     out = capsys.readouterr().out
     assert "FAILED " not in out and "ERROR " not in out and "NO LONGER REPRODUCE" not in out
     assert out.count("REDECLARED ") == 12 and "REDECLARED cudnn@kda_hopper_cuda" not in out
@@ -132,6 +137,17 @@ def test_the_tally_through_session_7_leaves_no_failure_and_no_error(tally, tmp_p
     assert counts["fla-dispatch causality"] == {"passed": 227, "known": 5, "declined": 128, "not_run": 18}
     assert counts["fla-dispatch graph_replay"] == {"passed": 157, "known": 5, "declined": 196, "not_run": 20}
     assert not any(c.get("failed") or c.get("error") for c in counts.values())
+
+
+def test_the_tally_through_session_8_runs_every_fla_dispatch_pair(tally, tmp_path, capsys):
+    """Session 8 resumed fla-dispatch's three shards to their end: no pair left unrun, none failed, none errored."""
+    assert tally.main([*_unpacked(tmp_path, 4), "--json", str(tmp_path / "t.json")]) == 0
+    out = capsys.readouterr().out
+    assert "FAILED " not in out and "ERROR " not in out and "NO LONGER REPRODUCE" not in out
+    counts = json.loads((tmp_path / "t.json").read_text())
+    assert counts["fla-dispatch causality"] == {"passed": 244, "known": 6, "declined": 128}
+    assert counts["fla-dispatch graph_replay"] == {"passed": 168, "known": 6, "declined": 204}
+    assert not any(c.get("failed") or c.get("error") or c.get("not_run") for c in counts.values())
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/serving.md"])
