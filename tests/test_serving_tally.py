@@ -108,12 +108,14 @@ def test_the_tally_over_s4_r2_and_s5_leaves_no_failure_and_no_error(tally, tmp_p
 
 # (archive, the folder it unpacks, where it is unpacked), later ones replacing a pair's record
 SESSION_ARCHIVES = (("s5/d26-S5.tgz", "d26-s5", "."), ("s7/d26-S6.tgz", "d26-s6", "."),
-                    ("s7/d26-S7.tgz", "d26-s7", "."), ("s8/d26-S7b.tgz", "d26-s7", "s8"))
+                    ("s7/d26-S7.tgz", "d26-s7", "."), ("s8/d26-S7b.tgz", "d26-s7", "s8"),
+                    ("s8/d26-S8.tgz", "d26-s8", "s8"))
 
 
 def _unpacked(tmp_path, upto: int | None = None) -> list[str]:
     """S4, R2, session 5's call, session 7's two (the kda_hopper_cuda check of the pinned-engine fix, the
-    fla-dispatch shards resumed) and session 8's (those shards resumed to their end), in that order; ``upto``: only
+    fla-dispatch shards resumed) and session 8's two (those shards resumed to their end; FlashInfer's serving checks
+    again after the adapter's capture fix), in that order; ``upto``: only
     the first so many session archives."""
     import tarfile
 
@@ -148,6 +150,19 @@ def test_the_tally_through_session_8_runs_every_fla_dispatch_pair(tally, tmp_pat
     assert counts["fla-dispatch causality"] == {"passed": 244, "known": 6, "declined": 128}
     assert counts["fla-dispatch graph_replay"] == {"passed": 168, "known": 6, "declined": 204}
     assert not any(c.get("failed") or c.get("error") or c.get("not_run") for c in counts.values())
+
+
+def test_flashinfer_graph_replays_run_since_the_capture_fix(tally, tmp_path, capsys):
+    """Session 8 ran FlashInfer's serving checks again after the adapter stopped copying to the device inside a
+    capture: the 25 graph replays session 5 recorded as "capture refused" ran (23 of flashinfer, 2 of
+    flashinfer-decode; all passed), and every remaining decline is an envelope's."""
+    assert tally.main([*_unpacked(tmp_path), "--json", str(tmp_path / "t.json")]) == 0
+    assert "FAILED " not in capsys.readouterr().out
+    counts = json.loads((tmp_path / "t.json").read_text())
+    assert counts["flashinfer graph_replay"] == {"passed": 31, "known": 1, "declined": 83}
+    assert counts["flashinfer-decode graph_replay"] == {"passed": 2, "declined": 113}
+    for line in (tmp_path / "s8/d26-s8/flashinfer.jsonl").read_text().splitlines():
+        assert "capture" not in json.loads(line).get("reason", "")
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/serving.md"])
