@@ -79,6 +79,10 @@ def _run_argv(args, backends, jobs: int, root: Path) -> list[str]:
         argv += ["--op", op]
     if args.task_timeout:
         argv += ["--task-timeout", str(args.task_timeout)]
+    if args.threads:
+        argv += ["--threads", str(args.threads)]
+    if args.shard:
+        argv += ["--shard", args.shard]
     return argv
 
 
@@ -155,6 +159,10 @@ def main(argv=None) -> int:
     p.add_argument("--record-winners", action="store_true", help="each pass records the winners its workers held")
     p.add_argument("--timeout", type=float, default=None, help="seconds per pass (the run is cut; judged checks stay)")
     p.add_argument("--task-timeout", type=float, default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch threads per worker (deltacheck run --threads)")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="only shard I of N of the tier's selection (deltacheck run --shard): a pass over a part of "
+                        "the tier, e.g. a cold and a warm pass that fit one call")
     p.add_argument("--out", default="runs/lanes", help="where the passes' run directories go")
     p.add_argument("--json", help="also write the numbers here")
     p.add_argument("--family", action="append", type=parse_family, metavar="NAME[:JOBS][=PATH]",

@@ -102,6 +102,20 @@ def test_without_families_a_pass_is_one_run_as_before(tmp_path, monkeypatch):
     assert row["exit"] == 0 and row["tasks"] == 2 and row["families"] == {}
 
 
+def test_a_shard_and_the_threads_reach_each_run(tmp_path, monkeypatch):
+    """``--shard 1/4 --threads 1``: a pass over a quarter of the tier (a cold and a warm pass that fit one device call)
+    hands both to every run it starts; without them neither is passed."""
+    started = []
+    monkeypatch.setattr(lanes.subprocess, "Popen",
+                        lambda argv, env=None, **kw: started.append(_FakeRun(argv, env)) or started[-1])
+    assert lanes.main(["--passes", "cold", "--shard", "1/4", "--threads", "1", "--out", str(tmp_path / "a")]) == 0
+    assert lanes.main(["--passes", "cold", "--out", str(tmp_path / "b")]) == 0
+    sharded, plain = started
+    assert sharded.argv[sharded.argv.index("--shard") + 1] == "1/4"
+    assert sharded.argv[sharded.argv.index("--threads") + 1] == "1"
+    assert "--shard" not in plain.argv and "--threads" not in plain.argv
+
+
 def _bench_file(path: Path):
     spec = importlib.util.spec_from_file_location(f"_bench_{path.stem}_test", path)
     module = importlib.util.module_from_spec(spec)
