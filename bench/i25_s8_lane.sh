@@ -16,7 +16,7 @@ mkdir -p "$W/logs"
 el() { echo $(( $(date +%s) - T0 )); }
 say() { echo "[d25-s8 $(el)s] $*" | tee -a "$W/logs/script.log"; }
 snap() { tar czf "$W.tgz.part" --exclude="$(basename "$W")/cache" -C "$(dirname "$W")" \
-           --transform "s:^$(basename "$W"):d25-s8:" "$(basename "$W")" 2>/dev/null && mv -f "$W.tgz.part" "$OUT/d25-S8.tgz"; }
+           --transform "s:^$(basename "$W"):d25-s8:" "$(basename "$W")" 2>/dev/null && mv -f "$W.tgz.part" "$OUT/${ARCHIVE:-d25-S8}.tgz"; }
 export S5_CODE=${S5_CODE:-$PWD} PYTHONUNBUFFERED=1 TILELANG_JIT_DIAGNOSTICS=1
 # shellcheck disable=SC1091
 source bench/s5_env.sh >> "$W/logs/env.txt" 2>&1

@@ -55,6 +55,28 @@ def compile_family(case, spec: str) -> tuple:
     return (SHARED_KERNELS.get((spec, case.op), spec), case.op, case.io_dtype, case.K, case.V)
 
 
+# Backends whose JIT kernels are keyed on shapes that many cases share, not once per case: FLA's TileLang backward
+# pieces, which FLA's dispatch serves on Hopper (fla-core 0.6: fla/ops/common/backends/tilelang/chunk_bwd.py builds
+# ``_build_chunk_bwd_dqkwg_kernel(B, H, HV, K, V, BT, BK, BV, NK, hD1, hD2, dtype, USE_G, USE_DW, STATE_V_FIRST,
+# IS_VARLEN)``, fla/ops/kda/backends/tilelang/chunk_bwd_dqkg.py ``_build_kda_bwd_kernel(B, H, K, V, ...)``, a
+# TileLang disk-cached kernel per distinct argument tuple). FlashQLA's own kernels take the scale and head counts:
+# about one key per case, which keeping a case on one worker already covers.
+SHAPE_KEYED_BACKWARD = frozenset({"fla-dispatch"})
+
+
+def shared_compile_key(case, spec: str):
+    """What a task's shared JIT kernel is keyed on, as far as the case shows it (None: no shared kernel known).
+    For ``SHAPE_KEYED_BACKWARD`` backends' backward cases: the op, dtype, batch as the library sees it (1 for a
+    packed batch), the most heads, head dims, packed or not. Where the case cannot tell what the library keys
+    on, a wrong guess only changes which case a worker starts first, never what runs (``harness/run/taskqueue.py``)."""
+    if spec not in SHAPE_KEYED_BACKWARD or not case.backward:
+        return None
+    packed = case.layout == "thd"
+    # heads: the most of H, HK, HV, which the library's H (and HV) follow once an adapter has expanded grouped heads
+    heads = max(case.H, case.HK, case.HV)
+    return (spec, case.op, case.io_dtype, 1 if packed else case.N, heads, case.K, case.V, packed)
+
+
 CASE_NS = 20_000_000  # inputs, setup, judging: a case's cost before any token
 TOKEN_NS = 190_000  # one token step of the references, whatever its size (dispatch, Python)
 STATE_NS = 20  # per state element (heads x K x V) a token step updates

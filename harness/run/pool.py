@@ -21,7 +21,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter, deque
 from dataclasses import asdict
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from ..machine.environment import visible_gpus
 from ..machine.leaks import LeakFilter
 from ..records.results import Result, ResultStream, fold_parts, read_records
 from .task import task_summary
+from .taskqueue import TaskQueue  # noqa: F401 - the pool's queue, asked for here by run and the tests
 
 PROTOCOL_FD_ENV = "DELTACHECK_WORKER_FD"  # the worker's end of the protocol pipe (harness/run/worker.py)
 
@@ -117,49 +117,6 @@ def stop_workers() -> None:
         proc.wait()
         _end_forwarding(proc)
         _LIVE_WORKERS.discard(proc)
-
-
-class TaskQueue:
-    """The run's tasks, handed to workers one at a time (thread-safe).
-
-    A worker gets the next task of the compile family it last ran while that family has tasks left (its
-    kernels are built and autotuned in that process); otherwise it starts the family that the fewest
-    workers are on, most tasks left first. So each family is compiled by as few processes as possible,
-    and the work balances itself however long each family takes — no family is stuck behind a slow one.
-
-    Within a family one case's tasks go to one worker, back to back (``take(family, case_id)`` hands it the rest):
-    backends sharing kernels (``shards.SHARED_KERNELS``) would else build a case's kernels in two workers at once
-    when two share a family (on the H200: 17 of 83 TileLang compiles, 303 s, at -j 8)."""
-
-    def __init__(self, tasks: list, pairs=None) -> None:
-        self.pairs = dict(pairs or {})  # the run's availability verdicts, handed to every worker with its config
-        self._lock = threading.Lock()
-        by_case: dict[tuple, dict[str, deque]] = {}  # family -> case id -> its tasks, in the order given
-        for task in tasks:
-            by_case.setdefault(compile_family(*task[1]), {}).setdefault(task[1][0].id, deque()).append(task)
-        self._left = {family: deque(cases.values()) for family, cases in by_case.items()}  # per family, per case
-        self._active: Counter = Counter()
-        self._held: dict[tuple, deque] = {}  # (family, case id) -> the case's tasks its worker has still to run
-
-    def take(self, previous: tuple | None = None, case_id: str | None = None):
-        """The next task for a worker whose last task was of family ``previous``, case ``case_id``; else None."""
-        with self._lock:
-            if previous is not None:
-                self._active[previous] -= 1
-            family = previous
-            case = self._held.pop((previous, case_id), None)
-            if not case:
-                if previous is None or not self._left.get(previous):
-                    open_families = [f for f, q in self._left.items() if q]
-                    if not open_families:
-                        return None
-                    family = min(open_families, key=lambda f: (self._active[f], -sum(map(len, self._left[f]))))
-                case = self._left[family].popleft()
-            self._active[family] += 1
-            task = case.popleft()
-            if case:  # the case's other tasks in this family: this worker's, next
-                self._held[(family, task[1][0].id)] = case
-            return task
 
 
 class _Watchdog:
