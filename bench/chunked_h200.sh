@@ -96,7 +96,7 @@ LEFT=$(( CAP - 4 - $(el) ))
 if on 4 && [ "$LEFT" -gt 20 ]; then
 timeout "$(( LEFT < 40 ? LEFT : 40 ))" python3 bench/chunked_steps.py --budgets-mib 64,32,64 --json "$R/bwd-steps.json" \
   > "$R/bwd-steps.log" 2>&1
-echo "[$(el) s] steps rc=$?" | tee -a "$R/steps.log"
+RC=$?; echo "[$(el) s] steps rc=$RC" | tee -a "$R/steps.log"
 fi
 
 # 4b. the side-by-side run again with the opt-in hand-off kernel (reference/chunked_fused.py HANDOFF: the chunks'
@@ -107,7 +107,7 @@ LEFT=$(( CAP - 3 - $(el) ))
 if on 4b && [ "$LEFT" -gt 45 ]; then
   DELTACHECK_CHUNKED_HANDOFF_KERNEL=1 timeout "$LEFT" python3 bench/chunked.py --no-previous --no-unfused \
     --profile --json "$R/bench-handoff.json" > "$R/bench-handoff.log" 2>&1
-  echo "[$(el) s] bench (hand-off kernel) rc=$?" | tee -a "$R/steps.log"
+  RC=$?; echo "[$(el) s] bench (hand-off kernel) rc=$RC" | tee -a "$R/steps.log"
 fi
 
 # 5. the side-by-side run again with the forward's state hand-off made in one slice instead of four (more memory, fewer
@@ -116,7 +116,7 @@ LEFT=$(( CAP - 3 - $(el) ))
 if on 5 && [ "$LEFT" -gt 45 ]; then
   DELTACHECK_CHUNKED_HANDOFF_SLICES=1 timeout "$LEFT" python3 bench/chunked.py --no-previous --no-graph --no-unfused \
     --no-exact --json "$R/bench-slices1.json" > "$R/bench-slices1.log" 2>&1
-  echo "[$(el) s] bench (1 slice) rc=$?" | tee -a "$R/steps.log"
+  RC=$?; echo "[$(el) s] bench (1 slice) rc=$RC" | tee -a "$R/steps.log"
 fi
 # r. the default's side-by-side run, REPEATS processes (the first with its exactness check)
 for i in $(seq 1 "${REPEATS:-3}"); do
@@ -125,14 +125,14 @@ for i in $(seq 1 "${REPEATS:-3}"); do
   EXACT=$([ "$i" = 1 ] || echo --no-exact)
   timeout "$LEFT" python3 bench/chunked.py --no-previous --no-unfused --no-graph $EXACT --json "$R/bench-r$i.json" \
     > "$R/bench-r$i.log" 2>&1
-  echo "[$(el) s] bench (default, repeat $i) rc=$?" | tee -a "$R/steps.log"
+  RC=$?; echo "[$(el) s] bench (default, repeat $i) rc=$RC" | tee -a "$R/steps.log"
 done
-# 6. the hand-off kernel's settings and the per-chunk products alternated in one process (exactness first)
+# 6. the hand-off kernel's settings and the per-chunk products one after another in one process (exactness first)
 LEFT=$(( CAP - 3 - $(el) ))
 if on 6 && [ "$LEFT" -gt 30 ]; then
   timeout "$LEFT" python3 bench/chunked_sweep.py --variants "${SWEEP:-no-handoff,handoff,handoff-vt16,handoff-vt64,handoff-w4,handoff-s1}" \
     --json "$R/sweep-handoff.json" --budget-s 1 > "$R/sweep-handoff.log" 2>&1
-  echo "[$(el) s] sweep (hand-off settings) rc=$?" | tee -a "$R/steps.log"
+  RC=$?; echo "[$(el) s] sweep (hand-off settings) rc=$RC" | tee -a "$R/steps.log"
 fi
 kill "$SNAP" 2>/dev/null
 snap

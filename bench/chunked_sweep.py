@@ -32,16 +32,28 @@ import torch
 
 _HERE = Path(__file__).resolve().parent
 try:
-    from deltacheck.reference import (chunked, chunked_fused, chunked_intra, chunked_intra_backward, chunked_replay,
-                                      chunked_segments)
+    from deltacheck.reference import (
+        chunked,
+        chunked_fused,
+        chunked_intra,
+        chunked_intra_backward,
+        chunked_replay,
+        chunked_segments,
+    )
     from deltacheck.reference.oracle import token_oracle
 except ImportError:  # a bare checkout: the repository root as the package `deltacheck`
     _spec = importlib.util.spec_from_file_location(
         "deltacheck", _HERE.parent / "__init__.py", submodule_search_locations=[str(_HERE.parent)])
     sys.modules["deltacheck"] = _mod = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_mod)
-    from deltacheck.reference import (chunked, chunked_fused, chunked_intra, chunked_intra_backward, chunked_replay,
-                                      chunked_segments)
+    from deltacheck.reference import (
+        chunked,
+        chunked_fused,
+        chunked_intra,
+        chunked_intra_backward,
+        chunked_replay,
+        chunked_segments,
+    )
     from deltacheck.reference.oracle import token_oracle
 
 

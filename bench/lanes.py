@@ -141,6 +141,7 @@ def _pass(name: str, args, cache: Path, out: Path) -> dict:
             phases[k] = phases.get(k, 0.0) + float(v)
     exit_code = codes[0] if len(codes) == 1 else " ".join(f"{r[0]}:{c}" for r, c in zip(runs, codes))
     return {"pass": name, "exit": exit_code, "wall_s": wall, "tasks": len(tasks), "worker_s": sum(phases.values()),
+            "shard": args.shard, "threads": args.threads,
             "phases": phases, "families": {r[0]: {"backends": r[1], "jobs": r[2], "exit": c}
                                            for r, c in zip(runs, codes) if r[0]},
             "run_dir": str(root)}
@@ -180,7 +181,8 @@ def main(argv=None) -> int:
     names = sorted({k for r in rows for k in r["phases"]}, key=lambda k: -sum(r["phases"].get(k, 0.0) for r in rows))
     what = (", ".join(f"{f}: {'+'.join(b)} -j {j}" for f, b, j, _ in family_runs(args.family, args.jobs, args.backend))
             if args.family else f"backends {', '.join(args.backend or LANES_DEFAULT)}, -j {args.jobs}")
-    print(f"\nlanes: tier {args.tier}, {what}")
+    part = (f", shard {args.shard}" if args.shard else "") + (f", --threads {args.threads}" if args.threads else "")
+    print(f"\nlanes: tier {args.tier}{part}, {what}")
     print(f"{'':18}" + "".join(f"{r['pass']:>12}" for r in rows))
     for label, key in (("wall s", "wall_s"), ("worker s", "worker_s"), ("tasks", "tasks"), ("exit", "exit")):
         print(f"{label:18}" + "".join(f"{r[key]:>12.1f}" if isinstance(r[key], float) else f"{r[key]!s:>12}"

@@ -108,12 +108,15 @@ def test_a_shard_and_the_threads_reach_each_run(tmp_path, monkeypatch):
     started = []
     monkeypatch.setattr(lanes.subprocess, "Popen",
                         lambda argv, env=None, **kw: started.append(_FakeRun(argv, env)) or started[-1])
-    assert lanes.main(["--passes", "cold", "--shard", "1/4", "--threads", "1", "--out", str(tmp_path / "a")]) == 0
+    assert lanes.main(["--passes", "cold", "--shard", "1/4", "--threads", "1", "--out", str(tmp_path / "a"),
+                       "--json", str(tmp_path / "a.json")]) == 0
     assert lanes.main(["--passes", "cold", "--out", str(tmp_path / "b")]) == 0
     sharded, plain = started
     assert sharded.argv[sharded.argv.index("--shard") + 1] == "1/4"
     assert sharded.argv[sharded.argv.index("--threads") + 1] == "1"
     assert "--shard" not in plain.argv and "--threads" not in plain.argv
+    row, = json.loads((tmp_path / "a.json").read_text())
+    assert (row["shard"], row["threads"]) == ("1/4", 1)  # a shard's numbers never read as the whole tier's
 
 
 def _bench_file(path: Path):

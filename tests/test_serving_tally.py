@@ -115,8 +115,7 @@ SESSION_ARCHIVES = (("s5/d26-S5.tgz", "d26-s5", "."), ("s7/d26-S6.tgz", "d26-s6"
 def _unpacked(tmp_path, upto: int | None = None) -> list[str]:
     """S4, R2, session 5's call, session 7's two (the kda_hopper_cuda check of the pinned-engine fix, the
     fla-dispatch shards resumed) and session 8's two (those shards resumed to their end; FlashInfer's serving checks
-    again after the adapter's capture fix), in that order; ``upto``: only
-    the first so many session archives."""
+    again after the adapter's capture fix), in that order; ``upto``: only the first so many session archives."""
     import tarfile
 
     dirs = []
@@ -161,15 +160,16 @@ def test_flashinfer_graph_replays_run_since_the_capture_fix(tally, tmp_path, cap
     counts = json.loads((tmp_path / "t.json").read_text())
     assert counts["flashinfer graph_replay"] == {"passed": 31, "known": 1, "declined": 83}
     assert counts["flashinfer-decode graph_replay"] == {"passed": 2, "declined": 113}
-    for line in (tmp_path / "s8/d26-s8/flashinfer.jsonl").read_text().splitlines():
-        assert "capture" not in json.loads(line).get("reason", "")
+    for backend in ("flashinfer", "flashinfer-decode"):
+        for line in (tmp_path / f"s8/d26-s8/{backend}.jsonl").read_text().splitlines():
+            assert "capture" not in json.loads(line).get("reason", "")
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/serving.md"])
 def test_the_documented_table_is_the_tallys(tally, tmp_path, capsys, doc):
     """Every row of the table in the README and docs/serving.md is a row the tally prints over the recorded results
-    (S4 + R2 + S5 + session 7's two calls; W2 for vllm-fla-recurrent and flashkda), and every row it prints is
-    there."""
+    (S4 + R2 + S5 + session 7's two calls + session 8's two; W2 for vllm-fla-recurrent and flashkda), and every row
+    it prints is there."""
     tally.main([*_unpacked(tmp_path), "--markdown"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
     tally.main([str(REPO / "bench/results/serving-h200-w26"), "--backend", "vllm-fla-recurrent", "--backend",

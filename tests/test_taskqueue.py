@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from deltacheck.harness.ci.tiers import select
 from deltacheck.harness.ci.shards import compile_family, shared_compile_key
+from deltacheck.harness.ci.tiers import select
 from deltacheck.harness.run.taskqueue import TaskQueue
 
 
@@ -37,8 +37,9 @@ def test_workers_starting_together_take_cases_of_distinct_keys_while_there_are_a
     started = [queue.take() for _ in range(8)]
     got = [shared_compile_key(*t[1]) for t in started]
     # as many distinct keys as there are (up to the workers), before any key is taken twice
-    assert len(set(got)) == min(8, len(keys))
-    assert all(got.index(k) < len(keys) for k in got[: len(keys)])
+    assert len(set(got[: len(keys)])) == min(8, len(keys))
+    # past that, the extra workers spread over the keys: none is being built by a third worker while one has two
+    assert max(Counter(got).values()) - min(Counter(got).values()) <= 1
 
 
 def test_a_key_is_free_again_when_its_worker_finishes_the_case_and_every_task_is_handed_once():
@@ -49,9 +50,11 @@ def test_a_key_is_free_again_when_its_worker_finishes_the_case_and_every_task_is
     key = shared_compile_key(*first[1])
     others = [queue.take() for _ in range(len({shared_compile_key(c, "fla-dispatch") for c in cases}) - 1)]
     assert key not in {shared_compile_key(*t[1]) for t in others}
-    # the first worker finishes: the next worker to ask may now start a case with the first one's key
+    # the first worker finishes: it takes another case of its own key (the kernel is in its process) while one is left
     nxt = queue.take(family, first[1][0].id)
     assert nxt is not None
+    if sum(shared_compile_key(c, "fla-dispatch") == key for c in cases) > 1:
+        assert shared_compile_key(*nxt[1]) == key
     handed = [first, *others, nxt]
     running = [t for t in others] + [nxt]
     while running:
@@ -74,3 +77,42 @@ def test_with_every_case_of_a_family_conflicting_a_worker_still_gets_one():
     queue = TaskQueue(list(enumerate((c, "fla-dispatch") for c in same)))
     a, b = queue.take(), queue.take()
     assert a is not None and b is not None and a[1][0].id != b[1][0].id
+
+
+def _gdn_shared_family_tasks():
+    """GDN backward cases at K = V = 128 bf16: fla-dispatch and flashqla share FlashQLA's kernels, so a case's two
+    tasks are one family, held by one worker back to back (the fla-dispatch one carries the shared key)."""
+    cases = [c for c in select(tier="L0", op="gdn") if c.backward and c.io_dtype == "bf16" and c.K == c.V == 128]
+    tasks = list(enumerate((c, s) for c in cases for s in ("fla-dispatch", "flashqla")))
+    assert len({compile_family(*t[1]) for t in tasks}) == 1
+    return cases, tasks
+
+
+def test_a_key_stays_taken_until_the_worker_has_run_every_task_of_its_case():
+    cases, tasks = _gdn_shared_family_tasks()
+    queue = TaskQueue(tasks)
+    family = compile_family(*tasks[0][1])
+    first = queue.take()
+    key = shared_compile_key(*first[1])
+    assert key is not None and first[1][1] == "fla-dispatch"
+    held = queue.take(family, first[1][0].id)  # the case's flashqla task: the key is still being built
+    assert held[1] == (first[1][0], "flashqla") and queue._building[key] == 1
+    queue.take(family, held[1][0].id)  # the case is done: released (and the next case marked)
+    assert queue._building[key] <= 1 and first[1][0].id not in {k[1] for k in queue._key_of}
+
+
+def test_a_crashed_workers_case_releases_its_key_when_the_fresh_worker_finishes_it():
+    """The pool's crash path asks ``take(family, case_id)`` for the crashed case's held tasks: the key stays taken
+    until that case is done, then it is released like any other."""
+    cases, tasks = _gdn_shared_family_tasks()
+    queue = TaskQueue(tasks)
+    family = compile_family(*tasks[0][1])
+    first = queue.take()
+    key = shared_compile_key(*first[1])
+    again = queue.take(family, first[1][0].id)  # the worker crashed on its first task: the fresh one gets the rest
+    assert again[1] == (first[1][0], "flashqla") and queue._building[key] == 1
+    rest = []
+    while (t := queue.take(family, (rest[-1] if rest else again)[1][0].id)) is not None:
+        rest.append(t)
+    assert sorted(i for i, _ in [first, again, *rest]) == list(range(len(tasks)))
+    assert not +queue._building

@@ -37,7 +37,6 @@ from dataclasses import dataclass
 
 from deltacheck.cases import Case
 
-
 # Backends that build the very same JIT kernels for a case: FLA's dispatch hands a GDN call with K = V = 128 to
 # FlashQLA with the arguments the `flashqla` adapter passes (fla/ops/gated_delta_rule/backends/flash_qla.py), and
 # TileLang keys each kernel on its static arguments (heads, scale, dtypes, flags: nearly one set per case), so a

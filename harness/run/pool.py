@@ -32,7 +32,7 @@ from ..machine.environment import visible_gpus
 from ..machine.leaks import LeakFilter
 from ..records.results import Result, ResultStream, fold_parts, read_records
 from .task import task_summary
-from .taskqueue import TaskQueue  # noqa: F401 - the pool's queue, asked for here by run and the tests
+from .taskqueue import TaskQueue
 
 PROTOCOL_FD_ENV = "DELTACHECK_WORKER_FD"  # the worker's end of the protocol pipe (harness/run/worker.py)
 

@@ -27,9 +27,10 @@ class TaskQueue:
 
     A case that builds a kernel other cases share (``shards.shared_compile_key``: FLA's TileLang backward pieces,
     keyed on shapes, not on the case) is not started while another worker is on a case with the same key, if the
-    family has a case without that conflict: the later one then finds the kernel in TileLang's disk cache. On the
-    H200 (session 8, a cold sixth of the qla family's L0 at -j 8) four workers built one such key at once: 6 extra
-    compiles, 163 of 711 worker-seconds."""
+    family has a case without that conflict (else the one whose key the fewest are building): the later one then
+    finds the kernel in TileLang's disk cache. A worker that finished such a case takes another case of its key
+    first (the kernel is in its process). On the H200 (session 8, a cold sixth of the qla family's L0 at -j 8) four
+    keys were built more than once, one by four workers at once: 6 extra compiles, 163 of 711 worker-seconds."""
 
     def __init__(self, tasks: list, pairs=None) -> None:
         self.pairs = dict(pairs or {})  # the run's availability verdicts, handed to every worker with its config
@@ -53,36 +54,45 @@ class TaskQueue:
             family = previous
             case = self._held.pop((previous, case_id), None)
             if not case:
-                self._release(previous, case_id)  # that worker is done with its case
+                built = self._release(previous, case_id)  # that worker is done with its case
                 if previous is None or not self._left.get(previous):
                     open_families = [f for f, q in self._left.items() if q]
                     if not open_families:
                         return None
                     family = min(open_families, key=lambda f: (self._active[f], -sum(map(len, self._left[f]))))
-                case = self._next_case(family)
+                case = self._next_case(family, built)
             self._active[family] += 1
             task = case.popleft()
             if case:  # the case's other tasks in this family: this worker's, next
                 self._held[(family, task[1][0].id)] = case
             return task
 
-    def _next_case(self, family: tuple) -> deque:
-        """The family's first case whose shared compile key no worker is building (else its first case), marked as
-        being built."""
+    def _next_case(self, family: tuple, built=None) -> deque:
+        """The family's case to start next, marked as being built: first one whose shared compile key is ``built``
+        (the asking worker's last case's: that kernel is in its process), then one with no key or a key nobody is
+        building, then the one whose key the fewest workers are building; the family's order breaks ties."""
         cases = self._left[family]
-        key_of = lambda case: self._keys[(family, case[0][1][0].id)]  # noqa: E731
-        pick = next((i for i, case in enumerate(cases) if key_of(case) is None or not self._building[key_of(case)]), 0)
+
+        def rank(i):
+            key = self._keys[(family, cases[i][0][1][0].id)]
+            if key is not None and key == built:
+                return (0, i)
+            return (1 if key is None else 1 + self._building[key], i)
+
+        pick = min(range(len(cases)), key=rank)
         case = cases[pick]
         del cases[pick]
-        if (key := key_of(case)) is not None:
+        if (key := self._keys[(family, case[0][1][0].id)]) is not None:
             self._building[key] += 1
             self._key_of[(family, case[0][1][0].id)] = key
         return case
 
-    def _release(self, family, case_id) -> None:
+    def _release(self, family, case_id):
+        """Mark the case a worker finished as no longer being built; its key (None if it had none)."""
         key = self._key_of.pop((family, case_id), None)
         if key is not None:
             self._building[key] -= 1
+        return key
 
 
 def _case_key(case: deque):
