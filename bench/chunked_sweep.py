@@ -32,28 +32,14 @@ import torch
 
 _HERE = Path(__file__).resolve().parent
 try:
-    from deltacheck.reference import (
-        chunked,
-        chunked_fused,
-        chunked_intra,
-        chunked_intra_backward,
-        chunked_replay,
-        chunked_segments,
-    )
+    from deltacheck.reference import chunked, chunked_intra, chunked_intra_backward, chunked_replay, chunked_segments
     from deltacheck.reference.oracle import token_oracle
 except ImportError:  # a bare checkout: the repository root as the package `deltacheck`
     _spec = importlib.util.spec_from_file_location(
         "deltacheck", _HERE.parent / "__init__.py", submodule_search_locations=[str(_HERE.parent)])
     sys.modules["deltacheck"] = _mod = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_mod)
-    from deltacheck.reference import (
-        chunked,
-        chunked_fused,
-        chunked_intra,
-        chunked_intra_backward,
-        chunked_replay,
-        chunked_segments,
-    )
+    from deltacheck.reference import chunked, chunked_intra, chunked_intra_backward, chunked_replay, chunked_segments
     from deltacheck.reference.oracle import token_oracle
 
 
@@ -71,7 +57,7 @@ EXACT = 1e-12
 
 # name -> (chunked_gdn2 keywords, {(module, constant): value})
 _I, _C, _R = chunked_intra, chunked, chunked_replay
-_S, _IB, _F = chunked_segments, chunked_intra_backward, chunked_fused
+_S, _IB, _F = chunked_segments, chunked_intra_backward, chunked_segments.chunked_fused
 VARIANTS = {
     "main": ({}, {}),
     "eager": ({"graph_forward": False, "graph_backward": False}, {}),

@@ -17,6 +17,13 @@ def _kda_backward_tasks():
     return cases, list(enumerate((c, "fla-dispatch") for c in cases))
 
 
+def _first_worker(tasks):
+    """A queue over ``tasks`` (one family), its family, the first worker's task and that task's shared key."""
+    queue = TaskQueue(tasks)
+    first = queue.take()
+    return queue, compile_family(*tasks[0][1]), first, shared_compile_key(*first[1])
+
+
 def test_the_key_is_the_shapes_fla_keys_its_tilelang_backward_on_and_only_for_backward_fla_dispatch_tasks():
     cases, _ = _kda_backward_tasks()
     case = cases[0]
@@ -44,10 +51,7 @@ def test_workers_starting_together_take_cases_of_distinct_keys_while_there_are_a
 
 def test_a_key_is_free_again_when_its_worker_finishes_the_case_and_every_task_is_handed_once():
     cases, tasks = _kda_backward_tasks()
-    queue = TaskQueue(tasks)
-    family = compile_family(*tasks[0][1])
-    first = queue.take()
-    key = shared_compile_key(*first[1])
+    queue, family, first, key = _first_worker(tasks)
     others = [queue.take() for _ in range(len({shared_compile_key(c, "fla-dispatch") for c in cases}) - 1)]
     assert key not in {shared_compile_key(*t[1]) for t in others}
     # the first worker finishes: it takes another case of its own key (the kernel is in its process) while one is left
@@ -89,11 +93,8 @@ def _gdn_shared_family_tasks():
 
 
 def test_a_key_stays_taken_until_the_worker_has_run_every_task_of_its_case():
-    cases, tasks = _gdn_shared_family_tasks()
-    queue = TaskQueue(tasks)
-    family = compile_family(*tasks[0][1])
-    first = queue.take()
-    key = shared_compile_key(*first[1])
+    _, tasks = _gdn_shared_family_tasks()
+    queue, family, first, key = _first_worker(tasks)
     assert key is not None and first[1][1] == "fla-dispatch"
     held = queue.take(family, first[1][0].id)  # the case's flashqla task: the key is still being built
     assert held[1] == (first[1][0], "flashqla") and queue._building[key] == 1
@@ -104,11 +105,8 @@ def test_a_key_stays_taken_until_the_worker_has_run_every_task_of_its_case():
 def test_a_crashed_workers_case_releases_its_key_when_the_fresh_worker_finishes_it():
     """The pool's crash path asks ``take(family, case_id)`` for the crashed case's held tasks: the key stays taken
     until that case is done, then it is released like any other."""
-    cases, tasks = _gdn_shared_family_tasks()
-    queue = TaskQueue(tasks)
-    family = compile_family(*tasks[0][1])
-    first = queue.take()
-    key = shared_compile_key(*first[1])
+    _, tasks = _gdn_shared_family_tasks()
+    queue, family, first, key = _first_worker(tasks)
     again = queue.take(family, first[1][0].id)  # the worker crashed on its first task: the fresh one gets the rest
     assert again[1] == (first[1][0], "flashqla") and queue._building[key] == 1
     rest = []
