@@ -164,12 +164,10 @@ class CaseRunner:
         forward = self._guard(results, case, base, "forward", self._forward, case, backend, verdict, base, exp)
         if forward is None:
             if self._declined:  # the library declined at the first call: every check is that decline
-                done = results.checks()
-                results.add(*(base(check=c, status="skip", reason=self._declined) for c in checks_for(case)
-                              if c not in done))
+                self._fill(results, case, base, "skip", self._declined)
                 return
             # the first call's error (a known-issues entry's error_contains then matches these checks too)
-            self._fill_errors(results, case, base, f"not run: the first call raised {self._raised}".rstrip())
+            self._fill(results, case, base, "error", f"not run: the first call raised {self._raised}".rstrip())
             return
         inputs, out, state = forward
         if case.splits:
@@ -195,9 +193,10 @@ class CaseRunner:
                           for c in stage_checks(case, stage) if c not in done))
             return None
 
-    def _fill_errors(self, results, case, base, reason):
+    def _fill(self, results, case, base, status, reason):
+        """Every check of ``case`` not judged yet gets ``status`` with ``reason``."""
         done = results.checks()
-        results.add(*(base(check=c, status="error", reason=reason) for c in checks_for(case) if c not in done))
+        results.add(*(base(check=c, status=status, reason=reason) for c in checks_for(case) if c not in done))
 
     def _judge(self, case, quantity, check, actual, expected, baseline, base, seconds, offsets=None,
                reduction: dict | None = None, kind: Callable | None = None):

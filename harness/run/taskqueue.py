@@ -44,7 +44,6 @@ class TaskQueue:
         self._keys = {(family, cid): _case_key(case)  # each case's shared compile key, or None
                       for family, cases in by_case.items() for cid, case in cases.items()}
         self._building: Counter = Counter()  # shared compile keys of the cases workers are on
-        self._key_of: dict[tuple, object] = {}  # (family, case id) of a case a worker is on -> its key
 
     def take(self, previous: tuple | None = None, case_id: str | None = None):
         """The next task for a worker whose last task was of family ``previous``, case ``case_id``; else None."""
@@ -84,12 +83,12 @@ class TaskQueue:
         del cases[pick]
         if (key := self._keys[(family, case[0][1][0].id)]) is not None:
             self._building[key] += 1
-            self._key_of[(family, case[0][1][0].id)] = key
         return case
 
     def _release(self, family, case_id):
-        """Mark the case a worker finished as no longer being built; its key (None if it had none)."""
-        key = self._key_of.pop((family, case_id), None)
+        """Mark the case a worker finished (each case once: a worker asks with it only after its last task) as no
+        longer being built; its key (None if it had none, or for a worker's first ask)."""
+        key = self._keys.get((family, case_id))
         if key is not None:
             self._building[key] -= 1
         return key

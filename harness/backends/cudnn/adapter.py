@@ -195,7 +195,7 @@ class CudnnBackend(CudnnServing):
         return from_thd(o, layout, case.N), state_from_cudnn(final_state), notes
 
     def _pin_text(self) -> str:
-        return f" (plan_name={self.plan_name!r})" if self.plan_name else ""
+        return pin_text(self.plan_name)
 
     def _decline_reason(self, case, exc: Exception) -> str:
         """FE's refusal in its words, and the fix: which engines FE offered the graph to instead."""
@@ -313,10 +313,15 @@ class CudnnBackend(CudnnServing):
         return Verdict.ok(*notes)
 
 
+def pin_text(plan_name: str | None) -> str:
+    """How a message names a pinned call: " (plan_name='...')", or "" for a routed one."""
+    return f" (plan_name={plan_name!r})" if plan_name else ""
+
+
 def refusal_reason(plan_name: str | None, message: str) -> str:
     """FE's refusal (``message``, in its words) of a call pinned to ``plan_name`` (or routed: None), and the fix:
     the backends of the engines FE offered the graph to instead."""
-    reason = f"cuDNN declined{f' (plan_name={plan_name!r})' if plan_name else ''}: {message}"
+    reason = f"cuDNN declined{pin_text(plan_name)}: {message}"
     offered = _offered(message)
     if plan_name and offered:
         reason += (f"; served by {', '.join(facts.engine_backend(e) for e in offered)} (or routed `cudnn`), "
