@@ -21,6 +21,8 @@
 #    kernel's settings against the per-chunk products, one process (bench/chunked_sweep.py).
 #    r. the side-by-side run at the default settings REPEATS times (default 3), each its own process, without the
 #    profile, the unfused row or the graph row: the spread of the ratio between processes.
+# SWEEP (step 6's variants), SWEEP_ARGS (more of its options, e.g. "--launch --fla") and SWEEP_BUDGET (its
+# --budget-s, default 1: no graph or FLA rows) set step 6.
 # STEPS (default 1,2,3,4,4b,5) picks the steps to run, e.g. STEPS=1,4b,6 CONFIGS=16x1sdpt for the hand-off alone,
 # STEPS=1,r CONFIGS=16x1sdpt for the default's ratio again and again.
 set -u
@@ -131,7 +133,7 @@ done
 LEFT=$(( CAP - 3 - $(el) ))
 if on 6 && [ "$LEFT" -gt 30 ]; then
   timeout "$LEFT" python3 bench/chunked_sweep.py --variants "${SWEEP:-no-handoff,handoff,handoff-vt16,handoff-vt64,handoff-w4,handoff-s1}" \
-    --json "$R/sweep-handoff.json" --budget-s 1 > "$R/sweep-handoff.log" 2>&1
+    --json "$R/sweep-handoff.json" --budget-s "${SWEEP_BUDGET:-1}" ${SWEEP_ARGS:-} > "$R/sweep-handoff.log" 2>&1
   RC=$?; echo "[$(el) s] sweep (hand-off settings) rc=$RC" | tee -a "$R/steps.log"
 fi
 kill "$SNAP" 2>/dev/null

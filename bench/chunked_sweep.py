@@ -72,6 +72,7 @@ VARIANTS = {
     "grads4": ({}, {(_IB, "SMALL_GRADS"): 4}),
     "slices1": ({}, {(_S, "HANDOFF_SLICES"): 1}),
     "slices2": ({}, {(_S, "HANDOFF_SLICES"): 2}),
+    "slices8": ({}, {(_S, "HANDOFF_SLICES"): 8}),
     "bwd16": ({}, {(_C, "BACKWARD_SEGMENT_BYTES"): 16 * MIB}),
     "bwd48": ({}, {(_C, "BACKWARD_SEGMENT_BYTES"): 48 * MIB}),
     "gb": ({"graph_backward": True}, {}),
@@ -227,6 +228,40 @@ def time_variant(kw, inputs, cot, device, warmup, reps, scale):
     return row
 
 
+def launch_variant(kw, inputs, device, reps, scale):
+    """Where a forward's wall time goes besides the GPU's work: ``{cpu_launch_ms, graph_ms}``. cpu_launch_ms is the
+    CPU's time to issue one forward while the GPU is still busy with a long sleep kernel queued first (so no launch
+    waits for the GPU: Python, the dispatcher and the launches alone); graph_ms is the same forward replayed from a
+    CUDA graph (the GPU's work without launch gaps). The eager median minus graph_ms is the time the GPU waited on
+    the CPU; where cpu_launch_ms is below graph_ms that wait is the start (the call's work before its first kernel)
+    and the short kernels the CPU could not stay ahead of."""
+    core, kw = _core(kw)
+
+    def fwd():
+        with torch.no_grad():
+            return core(*inputs, scale, **kw)
+
+    fwd()
+    torch.cuda.synchronize(device)
+    launches = []
+    for _ in range(reps):
+        torch.cuda._sleep(int(50e6))  # ~25 ms of GPU clocks queued ahead of the forward
+        t0 = time.perf_counter()
+        out = fwd()
+        launches.append((time.perf_counter() - t0) * 1e3)
+        del out
+        torch.cuda.synchronize(device)
+    row = {"cpu_launch_ms": sorted(launches)[len(launches) // 2]}
+    try:
+        replay = common.cuda_graph(fwd)
+        row["graph_ms"] = common.timeit(replay, device, 1, reps) * 1e3
+        del replay
+    except Exception as e:  # noqa: BLE001 - a diagnostic
+        row["graph_error"] = f"{type(e).__name__}: {e}"
+    torch.cuda.empty_cache()
+    return row
+
+
 def profile_variant(kw, inputs, cot, scale, device):
     """Kernel count, summed kernel time and wall time of one forward and one forward+backward, and the top
     kernels: the share of wall time the GPU was busy says how much is launch overhead."""
@@ -272,6 +307,8 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json", default=None)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--launch", action="store_true",
+                   help="per variant, the forward's CPU launch time (GPU kept busy) and its CUDA graph replay time")
     p.add_argument("--fla", action="store_true")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--exact-only", action="store_true", help="only the exactness checks")
@@ -339,12 +376,20 @@ def main(argv=None):
             row = {"error": f"{type(e).__name__}: {e}"}
             traceback.print_exc(limit=2)
             torch.cuda.empty_cache()
+        if a.launch and device.type == "cuda" and "error" not in row:
+            try:
+                with applied(over):
+                    row.update(launch_variant(kw, inputs, device, a.reps, scale))
+            except Exception as e:  # noqa: BLE001 - a diagnostic
+                row["launch_error"] = f"{type(e).__name__}: {e}"
         res["rows"][name] = row
         if "error" in row:
             print(f"{name:<10} ERROR {row['error'][:100]}", flush=True)
         else:
+            extra = (f"  launch {row['cpu_launch_ms']:.2f} ms, graph {row.get('graph_ms', float('nan')):.2f} ms"
+                     if "cpu_launch_ms" in row else "")
             print(f"{name:<10} {row['fwd_ms']:8.2f} {row['fwd_peak_gib']:6.2f} {row['fwdbwd_ms']:11.2f} "
-                  f"{row['fwdbwd_peak_gib']:6.2f}  [{time.monotonic() - started:.0f} s]", flush=True)
+                  f"{row['fwdbwd_peak_gib']:6.2f}{extra}  [{time.monotonic() - started:.0f} s]", flush=True)
         save()
 
     if a.profile and device.type == "cuda":

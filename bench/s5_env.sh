@@ -50,9 +50,9 @@ if [ -f .dsl/a/cu13.part00 ] && [ ! -f "$S5/dslparts/cu13.part00" ]; then
   mkdir -p "$S5/dslparts" && cp .dsl/a/* "$S5/dslparts/" && _s5_log "CuTe DSL piece a stashed"
 fi
 if [ -f .dsl/b/cu13.part01 ] && [ -f "$S5/dslparts/cu13.part00" ] && [ ! -d "$S5/dsl/nvidia_cutlass_dsl" ]; then
-  W=$S5/dslparts/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
-  cat "$S5/dslparts/cu13.part00" .dsl/b/cu13.part01 .dsl/b/cu13.part02 > "$W"
-  if [ "$(sha256sum "$W" | cut -c1-64)" = "$(cat .dsl/b/cu13.sha256)" ]; then
+  _S5_DSL_WHL=$S5/dslparts/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
+  cat "$S5/dslparts/cu13.part00" .dsl/b/cu13.part01 .dsl/b/cu13.part02 > "$_S5_DSL_WHL"
+  if [ "$(sha256sum "$_S5_DSL_WHL" | cut -c1-64)" = "$(cat .dsl/b/cu13.sha256)" ]; then
     _s5_pip "$S5/dsl" "$S5"/dslparts/*.whl; _s5_log "CuTe DSL 4.8.1 -> dsl/: $(s5_have dsl && echo ok || echo FAILED)"
   else _s5_log "CuTe DSL libs-cu13: sha256 mismatch after joining the pieces, not installed"; fi
 fi

@@ -1,20 +1,18 @@
 """One fused fp64 Triton kernel for the start of the chunked forward: the input preparation and its smallest levels.
 
-`reference/chunked_intra.py`'s forward (fp64, autograd not recording, nothing kept for a backward) spends most of
-its memory traffic before the first large level: exp(g), k's chunk copy, ``q . k``, ``k*b*exp(g)``, ``q*exp(g)``,
-``w*v`` (about eight kernels, each a pass over one or more activation-sized tensors), then for each level s = 1, 2,
-4, 8 a product over the scaled rows and columns and their rescaling in place (rows and columns read and written
-again per level). :func:`start` does all of that in one kernel per 16-token group of every chunk: it reads q, k,
-b, g, w, v once from their ``[N, L, H, D]`` layout and writes
+`reference/chunked_intra.py`'s forward (fp64, autograd not recording) spends most of its memory traffic before the
+first large level: exp(g), k's chunk copy, ``q . k``, ``k*b*exp(g)``, ``q*exp(g)``, ``w*v`` (about eight passes over
+activation-sized tensors), then per level s = 1, 2, 4, 8 a product and a rescaling in place of rows and columns.
+:func:`start` does all of that in one kernel per 16-token group of every chunk: it reads q, k, b, g, w, v once
+from their ``[N, L, H, D]`` layout and writes
 
 - the rows and columns of level 16, ``(kb, q) * exp([i..start of i's 16-group])`` and ``k * exp([end of j's
   16-group..j])``, in chunk layout (what the recursion's levels 16, 32, ... go on from),
 - the 16-groups' total decays ``exp(sum of g over the group)`` (the block totals of level 16),
 - ``w * v`` in chunk layout,
 - M's diagonal 16 x 16 blocks (``q_i . k_i`` on the diagonal, every pair j < i of a group with its decay factor),
-- A's pairs j < i inside each group, ``[B, C/16, 16, 16]``, from which the inverse's levels 1..8 are then built as
-  before (``chunked_intra._inverse_block``; T's blocks need the previous levels' T, a recursion the kernel leaves
-  to the small batched products that already do it),
+- T's diagonal 16 x 16 blocks (``TINV``; else A's pairs j < i inside each group, ``[B, C/16, 16, 16]``, from which
+  ``chunked_intra._inverse_block`` builds them),
 - for the backward's recompute (``keep``), also what the backward keeps: ``(k*b, q)``, k and exp(g) in chunk layout.
 
 The numerics are the recursion's (`reference/chunked.py`, docs/ops.md "The two reference methods"): the pair
@@ -25,11 +23,9 @@ is <= 1, nothing overflows, nothing cancels, and a log-decay of -inf is an exact
 factors as products of ``exp(g_t)`` level by level; here each is the exp of its interval's sum: not the same bits,
 the same accuracy (a few ulp), which the tests hold to the token oracle at 1e-12.
 
-It applies only to fp64 CUDA tensors with whole 16-token groups (chunk >= 16), with Triton importable, and only
-where :func:`enabled`: ``FUSED`` (module constant; None = the environment variable ``DELTACHECK_CHUNKED_FUSED``,
-"0" = off, anything else or unset = on). The CPU path (CI, ``deltacheck verify``) never takes it: without CUDA (and
-without Triton) nothing here runs. ``TRITON_INTERPRET=1`` lets it run on CPU tensors through Triton's interpreter,
-which is how the tests check it without a GPU.
+It applies only to fp64 CUDA tensors with whole 16-token groups (chunk >= 16), with Triton importable, where
+:func:`enabled` (``FUSED``; None = ``DELTACHECK_CHUNKED_FUSED``, "0" = off). The CPU path (CI, ``deltacheck
+verify``) never takes it. ``TRITON_INTERPRET=1`` runs it on CPU tensors through Triton's interpreter: the tests.
 """
 
 from __future__ import annotations
@@ -48,47 +44,44 @@ except Exception as _e:  # noqa: BLE001 - any failure to import means "not avail
     triton = tl = None
     IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
 
-# None: DELTACHECK_CHUNKED_FUSED decides ("0": off); True / False: on / off whatever the environment says.
-FUSED = None
+FUSED = None  # None: DELTACHECK_CHUNKED_FUSED decides ("0": off); True / False: whatever the environment says
 GROUP = 16  # tokens per group: levels 1, 2, 4, 8 inside the kernel
 # The kernel's settings (its speed only; every setting computes the same sums): key columns per step of its loop,
 # warps per program, SCAN: the interval sums as segmented scans (else each row's masked sum over its group), DOT:
 # the level products as tl.dot (fp64 MMA; K_TILE >= 16) rather than broadcast products and sums.
-# TINV: T's diagonal 16 x 16 blocks (the inverse's levels 1..8) made in the kernel from A's pairs, T <- T - T X T per
-# level (X the level's pairs; T block-diagonal so far: exactly -T1 X T0 in each block), instead of A's pairs written out
-# and the recursion run in PyTorch (about 20 small kernels per segment).
-# PROD: each level's factors as segmented products of exp(g) (two exps per element: exp(g) and the columns' shifted
-# exp(g)) rather than the exp of each level's segmented sums (eleven exps per element).
-# ``DELTACHECK_CHUNKED_FUSED_CONFIG`` = "KTxWARPS" plus "s" (SCAN), "d" (DOT), "p" (PROD) and/or "t" (TINV), e.g.
-# "16x2sdpt", overrides them.
+# TINV: T's diagonal 16 x 16 blocks made in the kernel, T <- T - T X T per level (X the level's pairs; T block-diagonal
+# so far: exactly -T1 X T0 in each block), instead of A's pairs written out for PyTorch (about 20 small kernels).
+# PROD: each level's factors as segmented products of exp(g) (two exps per element), not exps of segmented sums (11).
+# LOOP: the four levels of a group as a loop the compiler keeps, not unrolled: the same results bit for bit, a
+# fifth less kernel time on the H200 (spills 560 -> 8 bytes per thread; docs/ops.md, "The fused fp64 kernel").
+# ``DELTACHECK_CHUNKED_FUSED_CONFIG`` = "KTxWARPS" plus any of s, d, p, t, l (the flags' initials), e.g. "16x1sdptl".
 K_TILE = 16
 NUM_WARPS = 1
 SCAN = True
 DOT = True
 PROD = True
 TINV = True
+LOOP = True
 V_TILE = 32
-# HANDOFF: the chunk-to-chunk state hand-off of a forward segment (``S_{c+1} = P_c S_c + Hh_c`` over its chunks, one
-# batched K x K product per chunk launched from Python, 64 launches of ~12 us at N=4 T=4096 H=16 K=V=128 on an H200,
-# 0.75 ms of a 5.3 ms forward) as one kernel that walks the chunks itself, each program one head's state in
-# HANDOFF_VT-column strips. Opt-in: on the H200 it measured no faster (docs/ops.md, "The hand-off kernel").
-# None = ``DELTACHECK_CHUNKED_HANDOFF_KERNEL`` ("1" = on), True / False whatever the environment says; it runs only
-# where the fused kernel is enabled too.
+# HANDOFF: a forward segment's chunk-to-chunk state hand-off (``S_{c+1} = P_c S_c + Hh_c``, else one batched K x K
+# product per chunk launched from Python) as one kernel that walks the chunks, each program one head's state in
+# HANDOFF_VT-column strips. Opt-in, no faster on the H200 (docs/ops.md, "The hand-off kernel"). None =
+# ``DELTACHECK_CHUNKED_HANDOFF_KERNEL`` ("1" = on); it runs only where the fused kernel is enabled too.
 HANDOFF = None
 HANDOFF_KB = 32  # rows of P_c (and of the state) per step of the inner loop
 HANDOFF_VT = 32  # state columns per program
 HANDOFF_WARPS = 8
 
 
-def config() -> tuple[int, int, bool, bool, bool, bool]:
-    """``(K_TILE, NUM_WARPS, SCAN, DOT, PROD, TINV)``: the module's, or ``DELTACHECK_CHUNKED_FUSED_CONFIG``'s where
-    set."""
+def config() -> tuple[int, int, bool, bool, bool, bool, bool]:
+    """``(K_TILE, NUM_WARPS, SCAN, DOT, PROD, TINV, LOOP)``: the module's, or ``DELTACHECK_CHUNKED_FUSED_CONFIG``'s
+    where set."""
     spec = os.environ.get("DELTACHECK_CHUNKED_FUSED_CONFIG", "").strip()
     if not spec:
-        return K_TILE, NUM_WARPS, SCAN, DOT, PROD, TINV
+        return K_TILE, NUM_WARPS, SCAN, DOT, PROD, TINV, LOOP
     kt, rest = spec.split("x", 1)
     digits = "".join(ch for ch in rest if ch.isdigit())
-    return int(kt), int(digits), "s" in rest, "d" in rest, "p" in rest, "t" in rest
+    return int(kt), int(digits), "s" in rest, "d" in rest, "p" in rest, "t" in rest, "l" in rest
 
 
 FAILED = None  # the first failure of the kernel (a compile error, say): from then on the PyTorch path runs
@@ -118,7 +111,7 @@ def describe() -> str:
         return f"fused kernel unavailable (triton not importable: {IMPORT_ERROR})"
     return (f"fused kernel {'on' if enabled() else 'off'} (triton {triton.__version__}; FUSED={FUSED}, "
             f"DELTACHECK_CHUNKED_FUSED={os.environ.get('DELTACHECK_CHUNKED_FUSED')!r}; K_TILE, NUM_WARPS, SCAN, DOT, "
-            f"PROD, TINV = {config()}; hand-off kernel {'on' if handoff_enabled() else 'off'}; fp64 CUDA only)")
+            f"PROD, TINV, LOOP = {config()}; hand-off kernel {'on' if handoff_enabled() else 'off'}; fp64 CUDA only)")
 
 
 def handoff_enabled() -> bool:
@@ -190,7 +183,7 @@ def start(q, k, v, g, b, w, chunk, keep=False):
     cols = k.new_empty(B, C, K)
     wv = k.new_empty(B, C, V)
     tot = k.new_empty(B, G, K)
-    kt, warps, scan, dot, prod, tinv = config()
+    kt, warps, scan, dot, prod, tinv, loop = config()
     agrp = k.new_empty(1) if tinv else k.new_empty(B, G, GROUP, GROUP)  # with TINV never written
     Kg = g.shape[-1]
     kq, kc, eg = (k.new_empty(B, C, 2, K), k.new_empty(B, C, K), k.new_empty(B, C, Kg)) if keep else (rows, cols, tot)
@@ -204,7 +197,7 @@ def start(q, k, v, g, b, w, chunk, keep=False):
     _groups[(B, G)](q, k, b, g, w, v, rows, cols, wv, tot, agrp, tm, kq, kc, eg, Ls, N, H,
                     *_strides(q), *_strides(k), *_strides(b), *_strides(g), *_strides(w), *_strides(v),
                     K=K, V=V, C=C, W=GROUP, KT=kt, VT=vt, SCAN=scan, DOT=dot, PROD=prod, TINV=tinv,
-                    KEEP=bool(keep), KG=Kg, num_warps=warps)
+                    LOOP=loop, KEEP=bool(keep), KG=Kg, num_warps=warps)
     out = (tm, rows, cols, wv, tot[..., :Kg], None if tinv else agrp)
     return out + (kq, kc, eg) if keep else out
 
@@ -270,9 +263,8 @@ if triton is not None:
         e = tl.program_id(1) * VT + tl.arange(0, VT)
         r = tl.arange(0, KP)
         out_mask = (r[:, None] < K) & (e[None, :] < V)
-        # num_stages=1: never software-pipeline this loop, whose next step reads what this step stores (a pipelined
-        # load of the next chunk's state would be issued before this chunk's store). Triton 3.6 does not pipeline
-        # it either way (no cp.async in its sm_90 PTX); the argument keeps a later version from starting to.
+        # num_stages=1: never software-pipeline this loop, whose next step reads what this step stores. Triton 3.6 does
+        # not pipeline it either way (no cp.async in its sm_90 PTX); the argument keeps a later version from starting to.
         for c in tl.range(0, NC, num_stages=1):
             here = st_ptr + ((c + 1) * NH + hd) * K * V
             prev = st_ptr + (c * NH + hd) * K * V
@@ -292,13 +284,38 @@ if triton is not None:
         return a * b
 
     @triton.jit
+    def _level(acc_a, acc_m, kb, qv, kp, eg, egn, s, r, p, W: tl.constexpr, KT: tl.constexpr, SCAN: tl.constexpr,
+               DOT: tl.constexpr, PROD: tl.constexpr):
+        """Level s of a group: its pairs (i in a 2s-block's second half, j in its first) added to A's and M's sums;
+        ``eg`` / ``egn`` exp(g) of the rows' and the columns' next tokens (PROD), else those log-decays."""
+        # P_s(i): g over i's s-block up to i; Q_s(j): g over j's s-block after j (in reverse order, a prefix from the
+        # block's last token, whose own term is 0)
+        last = (p % s == s - 1)[:, None]  # j is its s-block's last token
+        if PROD:
+            ep = _prefix_prod(eg, (r % s == 0)[:, None], W, KT, SCAN)
+            cp = kp * _prefix_prod(tl.where(last, 1.0, egn), last, W, KT, SCAN)
+        else:
+            ep = tl.exp(_prefix(eg, (r % s == 0)[:, None], W, KT, SCAN))
+            cp = kp * tl.exp(_prefix(tl.where(last, 0.0, egn), last, W, KT, SCAN))
+        i2 = r[:, None]
+        j2 = p[None, :]
+        at_level = (i2 > j2) & ((i2 ^ j2) >= s) & ((i2 ^ j2) < 2 * s)  # j in the first half, i the second
+        if DOT:
+            pa = tl.dot(kb * ep, tl.trans(cp))
+            pm = tl.dot(qv * ep, tl.trans(cp))
+        else:
+            pa = tl.sum((kb * ep)[:, None, :] * cp[None, :, :], axis=2)
+            pm = tl.sum((qv * ep)[:, None, :] * cp[None, :, :], axis=2)
+        return acc_a + tl.where(at_level, pa, 0.0), acc_m + tl.where(at_level, pm, 0.0)
+
+    @triton.jit
     def _groups(q_ptr, k_ptr, b_ptr, g_ptr, w_ptr, v_ptr, rows_ptr, cols_ptr, wv_ptr, tot_ptr, agrp_ptr, tm_ptr,
                 kq_ptr, kc_ptr, eg_ptr, L, N, H,
                 sqn, sqt, sqh, sqd, skn, skt, skh, skd, sbn, sbt, sbh, sbd,
                 sgn, sgt, sgh, sgd, swn, swt, swh, swd, svn, svt, svh, svd,
                 K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, W: tl.constexpr, KT: tl.constexpr,
                 VT: tl.constexpr, SCAN: tl.constexpr, DOT: tl.constexpr, PROD: tl.constexpr, TINV: tl.constexpr,
-                KEEP: tl.constexpr, KG: tl.constexpr):
+                LOOP: tl.constexpr, KEEP: tl.constexpr, KG: tl.constexpr):
         bidx = tl.program_id(0).to(tl.int64)  # chunk-major: ((chunk * N) + n) * H + h
         gi = tl.program_id(1).to(tl.int64)
         h = bidx % H
@@ -333,28 +350,15 @@ if triton is not None:
             kb = kv * bv
             qk += tl.sum(qv * kv, axis=1)
             if PROD:  # exp(g) of the rows' tokens and of the columns' next tokens (1 past the group: exp(0))
-                eg = tl.exp(gv)
-                egn = tl.exp(gn)
-            for lvl in tl.static_range(4):
-                s = 1 << lvl
-                # P_s(i): g over i's s-block up to i; Q_s(j): g over j's s-block after j (in reverse order, a
-                # prefix from the block's last token, whose own term is 0)
-                last = (p % s == s - 1)[:, None]  # j is its s-block's last token
-                if PROD:
-                    ep = _prefix_prod(eg, (r % s == 0)[:, None], W, KT, SCAN)
-                    cp = kp * _prefix_prod(tl.where(last, 1.0, egn), last, W, KT, SCAN)
-                else:
-                    ep = tl.exp(_prefix(gv, (r % s == 0)[:, None], W, KT, SCAN))
-                    cp = kp * tl.exp(_prefix(tl.where(last, 0.0, gn), last, W, KT, SCAN))
-                at_level = (i2 > j2) & ((i2 ^ j2) >= s) & ((i2 ^ j2) < 2 * s)  # j in the first half, i the second
-                if DOT:
-                    pa = tl.dot(kb * ep, tl.trans(cp))
-                    pm = tl.dot(qv * ep, tl.trans(cp))
-                else:
-                    pa = tl.sum((kb * ep)[:, None, :] * cp[None, :, :], axis=2)
-                    pm = tl.sum((qv * ep)[:, None, :] * cp[None, :, :], axis=2)
-                acc_a += tl.where(at_level, pa, 0.0)
-                acc_m += tl.where(at_level, pm, 0.0)
+                eg, egn = tl.exp(gv), tl.exp(gn)
+            else:  # _level takes the log-decays themselves
+                eg, egn = gv, gn
+            if LOOP:
+                for lvl in range(4):
+                    acc_a, acc_m = _level(acc_a, acc_m, kb, qv, kp, eg, egn, 1 << lvl, r, p, W, KT, SCAN, DOT, PROD)
+            else:
+                for lvl in tl.static_range(4):
+                    acc_a, acc_m = _level(acc_a, acc_m, kb, qv, kp, eg, egn, 1 << lvl, r, p, W, KT, SCAN, DOT, PROD)
             # level 16's rows and columns: the group's inclusive prefix, exclusive suffix; and its total
             last = (p == W - 1)[:, None]
             if PROD:

@@ -113,9 +113,12 @@ def _run_states(p, states):
 # --- forward -----------------------------------------------------------------------------------------
 
 # The hand-off matrices of a segment's chunks (P, the states, at K = V = 2C four activation-sized tensors per
-# chunk) are made and used a quarter of the chunks at a time.
-# ``DELTACHECK_CHUNKED_HANDOFF_SLICES`` (read at import) overrides it, for a benchmark's side-by-side run.
-HANDOFF_SLICES = max(1, int(os.environ.get("DELTACHECK_CHUNKED_HANDOFF_SLICES", "4") or 4))
+# chunk) are made and used half the chunks at a time. Each slice costs five kernels besides its chunks' products, and
+# on an H200 the forward's CPU side is nearly as long as its GPU work (4.5 ms to issue what a CUDA graph replays in
+# 4.9 ms at N=4 T=4096 H=16 K=V=128): in one process 1 / 2 / 4 / 8 slices took 5.18 / 5.29 / 5.48 / 5.53 ms with
+# peaks of 2.76 / 2.52 / 2.14 / 2.00 GiB (bench/results/s9/h28-sweep.tgz). Two keeps the peak well under issue 28's 3
+# GiB. ``DELTACHECK_CHUNKED_HANDOFF_SLICES`` (read at import) overrides it, for a benchmark's side-by-side run.
+HANDOFF_SLICES = max(1, int(os.environ.get("DELTACHECK_CHUNKED_HANDOFF_SLICES", "2") or 2))
 
 
 def _forward_segment(plan, ins, s, keep_every=None):

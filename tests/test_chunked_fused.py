@@ -107,14 +107,17 @@ def test_the_kernel_through_the_interpreter_is_exact():
 
 
 @NEEDS_TRITON
-@pytest.mark.parametrize("spec,want", [("16x4sd", (16, 4, True, True, False, False)),
-                                       ("8x4s", (8, 4, True, False, False, False)),
-                                       ("8x2pt", (8, 2, False, False, True, True)),
-                                       ("16x2sdp", (16, 2, True, True, True, False))])
+@pytest.mark.parametrize("spec,want", [("16x4sd", (16, 4, True, True, False, False, False)),
+                                       ("8x4s", (8, 4, True, False, False, False, False)),
+                                       ("8x2pt", (8, 2, False, False, True, True, False)),
+                                       ("16x2sdp", (16, 2, True, True, True, False, False)),
+                                       ("16x1sdpt", (16, 1, True, True, True, True, False)),
+                                       ("16x4sdptl", (16, 4, True, True, True, True, True)),
+                                       ("8x2ptl", (8, 2, False, False, True, True, True))])
 def test_the_kernels_other_settings_are_exact(spec, want):
     """The settings the default does not take (exp of the interval sums instead of products, A's pairs written out
     and T's small levels in PyTorch as in session 6's default 16x2sdp, broadcast sums instead of tl.dot, masked sums
-    instead of scans), on the core's cases: the same bounds."""
+    instead of scans, the levels unrolled or as a loop), on the core's cases: the same bounds."""
     got = _child(FUSED_CHILD_CASES="core", DELTACHECK_CHUNKED_FUSED_CONFIG=spec)
     assert tuple(got["config"]) == want and len(got["cases"]) == 5
     assert not _not_exact(got["cases"]), _not_exact(got["cases"])
