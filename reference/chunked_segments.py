@@ -113,12 +113,24 @@ def _run_states(p, states):
 # --- forward -----------------------------------------------------------------------------------------
 
 # The hand-off matrices of a segment's chunks (P, the states, at K = V = 2C four activation-sized tensors per
-# chunk) are made and used half the chunks at a time. Each slice costs five kernels besides its chunks' products, and
-# on an H200 the forward's CPU side is nearly as long as its GPU work (4.5 ms to issue what a CUDA graph replays in
-# 4.9 ms at N=4 T=4096 H=16 K=V=128): in one process 1 / 2 / 4 / 8 slices took 5.18 / 5.29 / 5.48 / 5.53 ms with
-# peaks of 2.76 / 2.52 / 2.14 / 2.00 GiB (bench/results/s9/h28-sweep.tgz). Two keeps the peak well under issue 28's 3
-# GiB. ``DELTACHECK_CHUNKED_HANDOFF_SLICES`` (read at import) overrides it, for a benchmark's side-by-side run.
-HANDOFF_SLICES = max(1, int(os.environ.get("DELTACHECK_CHUNKED_HANDOFF_SLICES", "2") or 2))
+# chunk) are made and used a part of the chunks at a time: in CUDA_HANDOFF_SLICES parts on a GPU, CPU_HANDOFF_SLICES
+# elsewhere, unless HANDOFF_SLICES is set. Each part costs five kernels besides its chunks' products, and on an H200
+# the forward's CPU side is nearly as long as its GPU work (4.5 ms to issue what a CUDA graph replays in 4.9 ms at
+# N=4 T=4096 H=16 K=V=128): in one process 1 / 2 / 4 / 8 parts took 5.18 / 5.29 / 5.48 / 5.53 ms with peaks of 2.76 /
+# 2.52 / 2.14 / 2.00 GiB (bench/results/s9/h28-sweep.tgz); two keep the peak well under issue 28's 3 GiB. The CPU has
+# no launches to save and smaller parts stay in its caches (bench/cpu_slices.py: four are as fast or faster).
+# ``DELTACHECK_CHUNKED_HANDOFF_SLICES`` (read at import) sets HANDOFF_SLICES, for a benchmark's side-by-side run.
+CUDA_HANDOFF_SLICES = 2
+CPU_HANDOFF_SLICES = 4
+_SLICES_ENV = os.environ.get("DELTACHECK_CHUNKED_HANDOFF_SLICES", "").strip()
+HANDOFF_SLICES = max(1, int(_SLICES_ENV)) if _SLICES_ENV else None
+
+
+def handoff_slices(x: torch.Tensor) -> int:
+    """How many parts a forward segment's hand-off is made in, for tensors on ``x``'s device."""
+    if HANDOFF_SLICES is not None:
+        return HANDOFF_SLICES
+    return CUDA_HANDOFF_SLICES if x.is_cuda else CPU_HANDOFF_SLICES
 
 
 def _forward_segment(plan, ins, s, keep_every=None):
@@ -133,7 +145,7 @@ def _forward_segment(plan, ins, s, keep_every=None):
     kept, outs = [], []
     recording = torch.is_grad_enabled()  # use_checkpoint=False: autograd needs every value it saved
     z = _intra(intra_forward, plan)(*ins, C, torch.float64, q_scale=plan.q_scale)
-    step = -(-nc // HANDOFF_SLICES)
+    step = -(-nc // handoff_slices(k))
     for c0 in range(0, nc, step):
         c1 = min(nc, c0 + step)
         n, rows = c1 - c0, slice(c0 * NH, c1 * NH)
@@ -193,7 +205,7 @@ def _forward(plan, ins, h0, keep_every=None):
 
 def _forms():
     """The module constants that choose a segment's kernels, besides the plan (part of a kept graph's key)."""
-    return (HANDOFF_SLICES, chunked_intra.GROUP_TOKENS, chunked_intra.SMALL_INVERSE,
+    return (HANDOFF_SLICES, CUDA_HANDOFF_SLICES, chunked_intra.GROUP_TOKENS, chunked_intra.SMALL_INVERSE,
             chunked_intra_backward.SMALL_GRADS, chunked_intra.KEEP_VIEWS, chunked_fused.enabled(),
             chunked_fused.handoff_enabled())
 

@@ -349,6 +349,31 @@ def test_fewer_passes_change_no_bit(monkeypatch, widths, chunk_size, L, seg):
         assert torch.equal(copying[name], fewer[name]), name
 
 
+def test_the_handoff_is_sliced_by_device_and_slicing_changes_nothing(monkeypatch):
+    """The forward's hand-off is made in CUDA_HANDOFF_SLICES parts on a GPU and CPU_HANDOFF_SLICES elsewhere unless
+    HANDOFF_SLICES is set (issue 28, session 9: fewer launches pay on the H200; the CPU path keeps its four); and
+    however many parts, the output and the end state are the same within rounding (1, 2, 3 and 7 parts, a ragged
+    last part, -1000 decays)."""
+    monkeypatch.setattr(chunked_segments, "HANDOFF_SLICES", None)
+    on_gpu = types.SimpleNamespace(is_cuda=True)
+    assert chunked_segments.handoff_slices(torch.zeros(1)) == chunked_segments.CPU_HANDOFF_SLICES == 4
+    assert chunked_segments.handoff_slices(on_gpu) == chunked_segments.CUDA_HANDOFF_SLICES == 2
+    monkeypatch.setattr(chunked_segments, "HANDOFF_SLICES", 3)
+    assert chunked_segments.handoff_slices(on_gpu) == chunked_segments.handoff_slices(torch.zeros(1)) == 3
+    ins = core_inputs(L=83, seed=5)
+    g = ins[3][:, :2]
+    g[g > -1] = -1000.0
+    outs = {}
+    for n in (1, 2, 3, 7):
+        monkeypatch.setattr(chunked_segments, "HANDOFF_SLICES", n)
+        with torch.no_grad():
+            outs[n] = chunked_gdn2(*ins, 0.4, chunk_size=8)
+    for n in (2, 3, 7):
+        for got, ref in zip(outs[n], outs[1]):
+            assert torch.isfinite(got).all()
+            assert float((got - ref).abs().max()) <= 1e-14 * float(ref.abs().max()), n
+
+
 def _fake_graphs(monkeypatch, capture):
     """Let the backward's segment replayer run on the CPU: no streams, ``capture`` in place of the CUDA graph."""
     monkeypatch.setattr(chunked_replay.SegmentReplay, "disabled", False)
