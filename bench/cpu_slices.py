@@ -10,23 +10,20 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from deltacheck.reference import chunked_segments
-from deltacheck.reference.chunked import chunked_gdn2
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+from deltacheck.reference import chunked_segments  # noqa: E402
+from deltacheck.reference.chunked import chunked_gdn2  # noqa: E402
 
 SHAPES = ((2, 2048, 4, 64, 64), (1, 1024, 2, 128, 128), (4, 512, 4, 32, 32))  # N, T, H, K, V
-
-
-def inputs(N, T, H, K, V):
-    gen = torch.Generator().manual_seed(0)
-    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
-    u = lambda *s: torch.rand(*s, generator=gen, dtype=torch.float64)  # noqa: E731
-    unit = torch.nn.functional.normalize
-    return [unit(r(N, T, H, K), dim=-1), unit(r(N, T, H, K), dim=-1), r(N, T, H, V), -u(N, T, H, K), u(N, T, H, K),
-            u(N, T, H, V), r(N, H, K, V)]
+ORDER = ("q", "k", "v", "g", "b", "w", "h0")
 
 
 def main(argv=None):
@@ -38,7 +35,8 @@ def main(argv=None):
     default = chunked_segments.HANDOFF_SLICES
     try:
         for shape in SHAPES:
-            x = inputs(*shape)
+            made = common.make_inputs(*shape, torch.device("cpu"))
+            x = [made[n] for n in ORDER]
             fwd, both = {n: [] for n in settings}, {n: [] for n in settings}
             for _ in range(a.reps):
                 for n in settings:

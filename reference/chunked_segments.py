@@ -118,7 +118,7 @@ def _run_states(p, states):
 # the forward's CPU side is nearly as long as its GPU work (4.5 ms to issue what a CUDA graph replays in 4.9 ms at
 # N=4 T=4096 H=16 K=V=128): in one process 1 / 2 / 4 / 8 parts took 5.18 / 5.29 / 5.48 / 5.53 ms with peaks of 2.76 /
 # 2.52 / 2.14 / 2.00 GiB (bench/results/s9/h28-sweep.tgz); two keep the peak well under issue 28's 3 GiB. The CPU has
-# no launches to save and smaller parts stay in its caches (bench/cpu_slices.py: four are as fast or faster).
+# no launches to save: it keeps the four it had (bench/cpu_slices.py: two and four within noise there).
 # ``DELTACHECK_CHUNKED_HANDOFF_SLICES`` (read at import) sets HANDOFF_SLICES, for a benchmark's side-by-side run.
 CUDA_HANDOFF_SLICES = 2
 CPU_HANDOFF_SLICES = 4
